@@ -59,7 +59,6 @@ def _run_job(tmp_path, num_workers, argv, timeout=240):
     return [p.returncode for p in processes], outputs
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="multi-worker runs on the JAX backend so far")
 @pytest.mark.parametrize("devices_per_worker", [1, 2])
 def test_two_workers_match_single_device(tmp_path, devices_per_worker):
     codes, outputs = _run_job(tmp_path, 2, [devices_per_worker, 203, 10])
@@ -78,7 +77,6 @@ def test_two_workers_match_single_device(tmp_path, devices_per_worker):
     assert [r["should_checkpoint"] for r in results] == [True, False]
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="multi-worker runs on the JAX backend so far")
 def test_only_the_chief_writes_files_and_prints_progress(tmp_path):
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
@@ -93,18 +91,6 @@ def test_only_the_chief_writes_files_and_prints_progress(tmp_path):
     assert (files / "log.csv").read_text().count("\n") == 3  # header + 2 epochs, once
     assert "Epoch 2/2" in outputs[0] and "Epoch" not in outputs[1]
     assert not [p for p in private_tmp.iterdir() if p.name.startswith("keras_dist_worker")]
-
-
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="the TensorFlow limitation")
-def test_tensorflow_multi_worker_fails_loudly(monkeypatch):
-    import keras_dist
-
-    monkeypatch.setenv(
-        "TF_CONFIG",
-        json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}),
-    )
-    with pytest.raises(NotImplementedError, match="JAX backend"):
-        keras_dist.MultiWorkerMirroredStrategy()
 
 
 def test_single_worker_cluster_is_mirrored_over_local_devices(monkeypatch):
@@ -126,11 +112,10 @@ def test_bad_communication_options():
         keras_dist.CommunicationOptions(bytes_per_pack=-1)
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="multi-worker runs on the JAX backend so far")
 def test_example_through_the_launcher():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
-        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "jax", "--timeout", "240",
+        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND, "--timeout", "240",
          os.path.join(ROOT, "examples", "multi_worker.py"), "--epochs", "1"],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )

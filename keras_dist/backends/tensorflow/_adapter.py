@@ -7,6 +7,8 @@ import itertools
 import threading
 
 import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import distribute_lib
 
 from keras_dist import _devices
 
@@ -15,9 +17,19 @@ _local = threading.local()
 
 
 def visible_devices() -> tuple[str, ...]:
+    """This worker's devices (in a TF cluster, TF lists every task's)."""
+    engine = _multi_worker["engine"]
+    own = engine.extended._worker_device + "/" if engine is not None else ""
     return tuple(
-        _devices.canonical_device(d.name) for d in tf.config.list_logical_devices()
+        _devices.canonical_device(d.name)
+        for d in tf.config.list_logical_devices()
+        if not own or _same_task(d.name, own)
     )
+
+
+def _same_task(device_name: str, worker_device: str) -> bool:
+    job, task = worker_device.strip("/").split("/")[:2]
+    return f"/{job}/" in device_name + "/" and f"/{task}/" in device_name + "/"
 
 
 def simulate_cpu_devices(count: int) -> None:
@@ -40,17 +52,82 @@ def simulate_cpu_devices(count: int) -> None:
 
 
 def global_devices() -> tuple[str, ...]:
-    return visible_devices()
+    engine = _multi_worker["engine"]
+    if engine is None:
+        return visible_devices()
+    workers = engine.extended._num_workers
+    local = [_devices.canonical_device(d) for d in engine.extended.worker_devices]
+    return tuple(f"worker{w}/{d}" for w in range(workers) for d in local)
+
+
+#: The process's tf MultiWorkerMirroredStrategy: TF can join one cluster
+#: per process, so every keras_dist strategy of the job shares it.
+_multi_worker = {"engine": None, "cluster": None}
+
+
+def _tf_communication_options(options):
+    implementation = getattr(
+        tf.distribute.experimental.CommunicationImplementation,
+        options.implementation.value,
+    )
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=options.bytes_per_pack,
+        timeout_seconds=options.timeout_seconds,
+        implementation=implementation,
+    )
 
 
 def initialize_multi_worker(resolver, options) -> None:
+    """Joins the job through tf's MultiWorkerMirroredStrategy (once).
+
+    TF's collective ops run between the workers' gRPC servers (the addresses
+    in the cluster spec); the chief leads the collectives and broadcasts the
+    initial value of every variable.
+    """
     if resolver.num_workers <= 1:
         return
-    raise NotImplementedError(
-        "MultiWorkerMirroredStrategy across several workers is implemented on "
-        "the JAX backend so far (KERAS_BACKEND=jax); the TensorFlow backend "
-        "supports it with a single worker only."
+    jobs = {
+        job: tasks
+        for job, tasks in resolver.cluster_spec().as_dict().items()
+        if job in ("chief", "worker")
+    }
+    cluster = (jobs, resolver.task_type, resolver.task_id)
+    if _multi_worker["engine"] is not None:
+        if _multi_worker["cluster"] != cluster:
+            raise RuntimeError(
+                "This process already joined another TensorFlow cluster; TF "
+                "joins one per process. Create every MultiWorkerMirroredStrategy "
+                "of a program from the same cluster resolver."
+            )
+        return
+    if options.implementation.value == "NCCL" and not tf.config.list_logical_devices("GPU"):
+        raise ValueError(
+            "CommunicationImplementation.NCCL needs GPUs; this worker has none. "
+            "Use AUTO or RING on CPU."
+        )
+    tf_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs),
+        task_type=resolver.task_type,
+        task_id=resolver.task_id,
+        rpc_layer="grpc",
     )
+    try:
+        engine = _GlobalBatchMultiWorkerStrategy(
+            tf_resolver, _tf_communication_options(options)
+        )
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"Worker {resolver.worker_index} of {resolver.num_workers} could "
+            f"not join the TensorFlow cluster {jobs}: {error}. Create "
+            "MultiWorkerMirroredStrategy before any TensorFlow computation, "
+            "and start every worker (keras-dist launch does)."
+        ) from error
+    _multi_worker["engine"] = engine
+    _multi_worker["cluster"] = cluster
+
+
+def is_multi_process() -> bool:
+    return _multi_worker["engine"] is not None
 
 
 def _tf_device(canonical: str) -> str:
@@ -72,12 +149,69 @@ class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):
         return dataset
 
 
+class _LocalCpusCollectiveExtended(
+    collective_all_reduce_strategy.CollectiveAllReduceExtended
+):
+    """tf's multi-worker extended, with one replica per local logical CPU.
+
+    tf gives a GPU-less worker a single CPU replica; keras_dist simulates
+    several CPU devices per worker, so each becomes a replica, as on GPUs.
+    """
+
+    def _initialize_local_devices(self, cluster_resolver, worker_device):
+        devices, kind = super()._initialize_local_devices(
+            cluster_resolver, worker_device
+        )
+        # once the server runs, TF lists the CPUs of every task of the job
+        cpus = [
+            d
+            for d in tf.config.list_logical_devices("CPU")
+            if _same_task(d.name, worker_device)
+        ]
+        if kind == "CPU" and len(cpus) > 1:
+            devices = tuple(
+                f"{worker_device}/device:CPU:{i}" for i in range(len(cpus))
+            )
+        return devices, kind
+
+    def _use_merge_call(self):
+        # Replica all-reduces launch their collectives directly, as tf does
+        # for XLA on GPUs; through merge_call, tensors without a device get
+        # no destination in graph mode ("destinations can not be empty").
+        return False
+
+
+class _GlobalBatchMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """tf.distribute.MultiWorkerMirroredStrategy whose Keras input stays global.
+
+    Every worker receives the same global batch and each replica (numbered
+    across workers) takes its own contiguous rows, as in
+    `_GlobalBatchMirroredStrategy`.
+    """
+
+    def __init__(self, cluster_resolver, communication_options):
+        # tf's constructor hard-codes its extended class; build ours instead.
+        distribute_lib.Strategy.__init__(
+            self,
+            _LocalCpusCollectiveExtended(
+                self,
+                cluster_resolver=cluster_resolver,
+                communication_options=communication_options,
+            ),
+        )
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
 _engines_created = itertools.count(1)
 #: Collective-key range reserved for each tf.distribute strategy we create.
 _COLLECTIVE_KEYS_PER_ENGINE = 100_000
 
 
 def create_engine(strategy):
+    if len(strategy._engine_devices()) != len(strategy.extended.worker_devices):
+        return _multi_worker["engine"]
     devices = [_tf_device(d) for d in strategy.extended.worker_devices]
     # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
     # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's
@@ -288,6 +422,10 @@ def make_predict_function(engine, predict_step, run_eagerly: bool):
 
     def one_batch(data):
         outputs = engine.run(replica_predict, args=(data,))
+        if engine is _multi_worker["engine"]:  # every worker gets all rows
+            return tf.nest.map_structure(
+                lambda value: engine.gather(value, axis=0), outputs
+            )
         return tf.nest.map_structure(
             lambda value: _concat(engine.experimental_local_results(value)),
             outputs,

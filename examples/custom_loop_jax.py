@@ -47,8 +47,6 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 
 import keras_dist  # noqa: E402
 
-keras_dist.simulate_cpu_devices(4)  # before any computation
-
 SEED = 1234
 GLOBAL_BATCH_SIZE = 50  # deliberately not a multiple of the replica count
 LEARNING_RATE = 3e-3
@@ -218,6 +216,7 @@ def max_weight_diff(a, b):
 
 def main(argv=None):
     args = parse_args(argv)
+    keras_dist.simulate_cpu_devices(4)  # before any computation
     data = load_data()
     x_train, x_test = data[0], data[1]
     strategy = keras_dist.MirroredStrategy()

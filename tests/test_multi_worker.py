@@ -14,6 +14,7 @@ from conftest import BACKEND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "mw_fit.py")
+CUSTOM_WORKER = os.path.join(ROOT, "tests", "workers", "mw_custom.py")
 
 
 def _free_ports(count):
@@ -27,7 +28,7 @@ def _free_ports(count):
             s.close()
 
 
-def _run_job(tmp_path, num_workers, argv, timeout=240):
+def _run_job(tmp_path, num_workers, argv, timeout=240, worker=WORKER):
     ports = _free_ports(num_workers + 1)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:num_workers]]}
     processes = []
@@ -43,7 +44,7 @@ def _run_job(tmp_path, num_workers, argv, timeout=240):
             )
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, WORKER, str(tmp_path), *map(str, argv)],
+                    [sys.executable, worker, str(tmp_path), *map(str, argv)],
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -75,6 +76,29 @@ def test_two_workers_match_single_device(tmp_path, devices_per_worker):
     # identical initial weights without seeding; only the chief checkpoints
     assert results[0]["initial_checksum"] == results[1]["initial_checksum"]
     assert [r["should_checkpoint"] for r in results] == [True, False]
+
+
+def test_two_workers_tf_data_input_matches_single_device(tmp_path):
+    codes, outputs = _run_job(tmp_path, 2, [2, 203, 10, "tfdata"])
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for index in range(2):
+        result = json.loads((tmp_path / f"worker{index}.json").read_text())
+        assert result["num_replicas"] == 4 and result["weight_diff"] <= 1e-5
+        assert result["predict_shape"] == [203, 1] and result["predict_diff"] <= 1e-5
+        for key, value in result["evaluate_ref"].items():
+            assert abs(result["evaluate"][key] - value) <= 1e-6, key
+
+
+@pytest.mark.parametrize("devices_per_worker", [1, 2])
+def test_two_workers_custom_loop_matches_single_device(tmp_path, devices_per_worker):
+    """The example's custom loop (run/reduce, partial last batch of 37)."""
+    codes, outputs = _run_job(tmp_path, 2, [devices_per_worker], worker=CUSTOM_WORKER)
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for index in range(2):
+        result = json.loads((tmp_path / f"worker{index}.json").read_text())
+        assert result["num_replicas"] == 2 * devices_per_worker
+        assert result["weight_diff"] <= 1e-5
+        assert abs(result["loss"] - result["loss_ref"]) <= 1e-5
 
 
 def test_only_the_chief_writes_files_and_prints_progress(tmp_path):

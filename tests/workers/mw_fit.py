@@ -2,9 +2,11 @@
 MultiWorkerMirroredStrategy and, on the same data, plain single-device Keras
 from the same initial weights; writes the comparison to OUT/worker<i>.json.
 
-argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks]
+argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks|tfdata]
 With "callbacks", fit also runs Keras' file-writing callbacks on the user's
-paths in OUT_DIR/files with a progress bar, and saves the model there.
+paths in OUT_DIR/files with a progress bar, and saves the model there. With
+"tfdata", every worker passes the same batched tf.data datasets instead of
+NumPy arrays (each worker reads its share: auto-shard by data).
 """
 
 import json
@@ -56,6 +58,18 @@ reference.set_weights(initial)
 compile_model(reference)
 
 with_callbacks = sys.argv[5:] == ["callbacks"]
+if sys.argv[5:] == ["tfdata"]:
+    import tensorflow as tf
+
+    def inputs(*arrays):
+        return {"x": tf.data.Dataset.from_tensor_slices(arrays if len(arrays) > 1 else arrays[0]).batch(batch_size)}
+
+else:
+
+    def inputs(*arrays):
+        return dict(zip(["x", "y"], arrays), batch_size=batch_size)
+
+
 callbacks = []
 if with_callbacks:
     files = os.path.join(out_dir, "files")
@@ -66,15 +80,15 @@ if with_callbacks:
         keras.callbacks.CSVLogger(os.path.join(files, "log.csv")),
     ]
 fit = model.fit(
-    x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=2 if with_callbacks else 0, callbacks=callbacks
+    **inputs(x, y), epochs=2, shuffle=False, verbose=2 if with_callbacks else 0, callbacks=callbacks
 ).history
 if with_callbacks:
     model.save(os.path.join(out_dir, "files", "model.keras"))
-fit_ref = reference.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0).history
-logs = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
-logs_ref = reference.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
-predicted = model.predict(x, batch_size=batch_size, verbose=0)
-predicted_ref = reference.predict(x, batch_size=batch_size, verbose=0)
+fit_ref = reference.fit(**inputs(x, y), epochs=2, shuffle=False, verbose=0).history
+logs = model.evaluate(**inputs(x, y), verbose=0, return_dict=True)
+logs_ref = reference.evaluate(**inputs(x, y), verbose=0, return_dict=True)
+predicted = model.predict(**inputs(x), verbose=0)
+predicted_ref = reference.predict(**inputs(x), verbose=0)
 
 result = {
     "worker": index,

@@ -11,7 +11,11 @@ model.fit(x, y, batch_size=64)                 # 64 = global batch
 """
 
 from keras_dist import _hooks, cluster_resolver
-from keras_dist._communication import CommunicationImplementation, CommunicationOptions
+from keras_dist._communication import (
+    CommunicationImplementation,
+    CommunicationOptions,
+    PeerWorkerError,
+)
 from keras_dist._input import InputContext, InputOptions
 from keras_dist._losses import compute_average_loss, scale_regularization_loss
 from keras_dist._reduce import ReduceOp
@@ -43,6 +47,7 @@ __all__ = [
     "Mirrored",
     "MirroredStrategy",
     "OneDeviceStrategy",
+    "PeerWorkerError",
     "PerReplica",
     "ReduceOp",
     "ReplicaContext",

@@ -7,6 +7,19 @@ import enum
 from typing import Optional
 
 
+class PeerWorkerError(RuntimeError):
+    """A collective failed because another worker of the job died or hung.
+
+    Raised by `fit`/`evaluate`/`predict` under MultiWorkerMirroredStrategy
+    when the engine reports the failure (TF: the collective's
+    ``timeout_seconds``; JAX terminates the process itself when the
+    coordination service stops hearing from a peer). Restart the whole job
+    and resume with ``keras.callbacks.BackupAndRestore``::
+
+        keras-dist launch -n 2 --max-restarts 3 train.py
+    """
+
+
 class CommunicationImplementation(enum.Enum):
     """Which collective implementation to use across workers.
 

@@ -13,6 +13,9 @@ Hooks (all backends):
                                        non-chief workers: no progress bar,
                                        file callbacks write to a private dir
   Model.save                           non-chief workers: private temp file
+  BackupAndRestore._save_model         atomic backups (temp file, rename);
+                                       non-chief workers: private dir
+  BackupAndRestore._load_model         the epoch committed with the weights
   losses.Loss.__call__                 refuse per-replica averaging in run()
 JAX:
   JAXTrainer.make_{train,test,predict}_function  shard the batch in-step
@@ -26,10 +29,13 @@ TensorFlow:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import glob
 import importlib
 import inspect
+import json
 import os
 import shutil
 import tempfile
@@ -37,6 +43,7 @@ import tempfile
 import keras
 
 from keras_dist import _context
+from keras_dist._communication import PeerWorkerError
 from keras_dist._split import validate_batch_size
 from keras_dist.backends import backend_name, get_adapter
 
@@ -98,6 +105,8 @@ def install() -> None:
         _patch(f"keras.src.models.model:Model.{name}", _wrap_entry(name))
     _patch("keras.src.losses.loss:Loss.__call__", _wrap_loss_call)
     _patch("keras.src.models.model:Model.save", _wrap_save)
+    _patch(f"{_BACKUP}._save_model", _wrap_backup_save)
+    _patch(f"{_BACKUP}._load_model", _wrap_backup_load)
     backend = backend_name()
     if backend == "jax":
         _install_jax()
@@ -203,14 +212,40 @@ def _wrap_entry(name: str):
                 for argument in batch_arguments:
                     validate_batch_size(bound.get(argument), argument)
             _check_model_variables(self, strategy)
-            if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
-                return _run_as_non_chief(original, signature, strategy, self, args, kwargs)
-            with strategy.scope():
-                return original(self, *args, **kwargs)
+            with _explain_peer_failures(strategy):
+                if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
+                    return _run_as_non_chief(original, signature, strategy, self, args, kwargs)
+                with strategy.scope():
+                    return original(self, *args, **kwargs)
 
         return entry
 
     return make
+
+
+@contextlib.contextmanager
+def _explain_peer_failures(strategy):
+    """Turns the engine's collective failure into one clear error."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or resolver.num_workers <= 1:
+        yield
+        return
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - re-raised unless a peer failed
+        if not get_adapter().is_peer_failure(error):
+            raise
+        timeout = strategy._communication_options.timeout_seconds
+        raise PeerWorkerError(
+            f"Worker {resolver.worker_index} of {resolver.num_workers}: a "
+            "collective with the other workers failed"
+            + (f" (timeout_seconds={timeout:g})" if timeout else "")
+            + "; another worker died or stopped responding (see its log). "
+            "The job cannot continue with a worker missing: restart all of "
+            "it (`keras-dist launch --max-restarts K` does), and resume "
+            "with keras.callbacks.BackupAndRestore. Engine error: "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+        ) from error
 
 
 #: Keras callbacks that write files, and the attribute naming where.
@@ -223,6 +258,8 @@ _FILE_CALLBACKS = (
 
 def _private_copy(callback, directory: str):
     """`callback`, writing into `directory` instead of the user's path."""
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+        return _private_backup(callback, directory)
     for class_name, attribute in _FILE_CALLBACKS:
         if isinstance(callback, getattr(keras.callbacks, class_name)):
             private = copy.copy(callback)
@@ -230,6 +267,90 @@ def _private_copy(callback, directory: str):
             setattr(private, attribute, os.path.join(directory, os.path.basename(path)))
             return private
     return callback
+
+
+_BACKUP = "keras.src.callbacks.backup_and_restore:BackupAndRestore"
+#: Where a non-chief worker's BackupAndRestore copy writes its backups.
+_PRIVATE_BACKUP_DIR = "_keras_dist_write_dir"
+#: The training metadata, stored in the weights file itself: one rename
+#: commits weights and epoch together.
+_METADATA_ATTRIBUTE = "keras_dist_training_metadata"
+
+
+def _private_backup(callback, directory: str):
+    """A non-chief worker's BackupAndRestore: restores from the chief's
+    backup (the user's `backup_dir`, complete by construction: the chief
+    renames finished files into place), writes its own into `directory`."""
+    private = copy.copy(callback)
+    setattr(private, _PRIVATE_BACKUP_DIR, os.path.join(directory, "backup"))
+    private.backup_dir = getattr(private, _PRIVATE_BACKUP_DIR)  # deleted at the end
+    return private
+
+
+def _wrap_backup_save(original):
+    def _save_model(self):
+        strategy = model_strategy(self.model)
+        if strategy is None or "://" in str(self.backup_dir):
+            return original(self)
+        _save_backup_atomically(self, getattr(self, _PRIVATE_BACKUP_DIR, None))
+
+    return _save_model
+
+
+def _replace_with_copy(source: str, target: str) -> None:
+    temporary = f"{target}.tmp-{os.getpid()}"
+    shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
+
+
+def _save_backup_atomically(callback, private_dir) -> None:
+    """Keras' backup, with every file written to a temp name then renamed.
+
+    The weights file carries the training metadata, so killing the process
+    at any point leaves the previous backup or the new one, whole.
+    """
+    import h5py
+
+    directory = private_dir or callback.backup_dir
+    weights = os.path.join(directory, os.path.basename(callback._weights_path))
+    metadata_path = os.path.join(
+        directory, os.path.basename(callback._training_metadata_path)
+    )
+    os.makedirs(directory, exist_ok=True)
+    for stale in glob.glob(os.path.join(directory, "*.tmp-*")):
+        os.remove(stale)  # left by a process killed mid-write
+    metadata = json.dumps(
+        {"epoch": callback._current_epoch, "batch": callback._last_batch_seen}
+    )
+    if callback.double_checkpoint:
+        for path in (weights, metadata_path):
+            if os.path.exists(path):
+                _replace_with_copy(path, f"{path}.bkp")
+    temporary = f"{weights}.tmp-{os.getpid()}.weights.h5"
+    callback.model.save_weights(temporary, overwrite=True)
+    with h5py.File(temporary, "a") as handle:
+        handle.attrs[_METADATA_ATTRIBUTE] = metadata
+    os.replace(temporary, weights)  # the commit point
+    temporary = f"{metadata_path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(metadata)
+    os.replace(temporary, metadata_path)
+
+
+def _wrap_backup_load(original):
+    def _load_model(self):
+        result = original(self)
+        path = self._weights_path
+        if model_strategy(self.model) is not None and os.path.exists(path):
+            import h5py
+
+            with h5py.File(path, "r") as handle:
+                metadata = handle.attrs.get(_METADATA_ATTRIBUTE)
+            if metadata is not None:  # authoritative over the JSON file
+                self.model._initial_epoch = json.loads(metadata)["epoch"]
+        return result
+
+    return _load_model
 
 
 def _worker_tag(strategy) -> str:

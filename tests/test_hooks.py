@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import keras
 import numpy as np
 import pytest
 
@@ -22,6 +23,8 @@ EXPECTED = {
         *(f"keras.src.models.model:Model.{name}" for name in _hooks._ENTRY_POINTS),
         "keras.src.losses.loss:Loss.__call__",
         "keras.src.models.model:Model.save",
+        "keras.src.callbacks.backup_and_restore:BackupAndRestore._save_model",
+        "keras.src.callbacks.backup_and_restore:BackupAndRestore._load_model",
     ],
     "jax": [
         *(f"keras.src.backend.jax.trainer:JAXTrainer.make_{k}_function" for k in ("train", "test", "predict")),
@@ -65,7 +68,8 @@ def test_every_hook_is_live_in_a_distributed_workload(mirrored, monkeypatch, tmp
     with mirrored(4).scope():
         model = mlp(batch_norm=True)
     model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
-    model.fit(x, y, batch_size=10, verbose=0)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    model.fit(x, y, batch_size=10, verbose=0, callbacks=[backup])
     model.evaluate(x, y, batch_size=10, verbose=0)
     model.predict(x, batch_size=10, verbose=0)
     model.train_on_batch(x[:6], y[:6])

@@ -113,6 +113,10 @@ def test_only_the_chief_writes_files_and_prints_progress(tmp_path):
     files = tmp_path / "files"
     assert (files / "ckpt.weights.h5").exists() and (files / "model.keras").exists()
     assert (files / "log.csv").read_text().count("\n") == 3  # header + 2 epochs, once
+    backup = sorted(p.name for p in (files / "backup").iterdir())
+    assert backup == ["latest.weights.h5", "training_metadata.json"]  # no temp files
+    assert json.loads((files / "backup" / "training_metadata.json").read_text())["epoch"] == 2
+    assert any((files / "logs").rglob("events.out.tfevents.*"))
     assert "Epoch 2/2" in outputs[0] and "Epoch" not in outputs[1]
     assert not [p for p in private_tmp.iterdir() if p.name.startswith("keras_dist_worker")]
 

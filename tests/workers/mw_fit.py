@@ -78,6 +78,8 @@ if with_callbacks:
     callbacks = [
         keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.weights.h5"), save_weights_only=True),
         keras.callbacks.CSVLogger(os.path.join(files, "log.csv")),
+        keras.callbacks.BackupAndRestore(os.path.join(files, "backup"), delete_checkpoint=False),
+        keras.callbacks.TensorBoard(os.path.join(files, "logs")),
     ]
 fit = model.fit(
     **inputs(x, y), epochs=2, shuffle=False, verbose=2 if with_callbacks else 0, callbacks=callbacks

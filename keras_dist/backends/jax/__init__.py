@@ -20,6 +20,7 @@ from keras_dist.backends.jax._adapter import (  # noqa: F401
     global_devices,
     initialize_multi_worker,
     is_multi_process,
+    is_peer_failure,
     name,
     owns_variable,
     place_global_batch,

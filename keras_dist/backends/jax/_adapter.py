@@ -68,7 +68,9 @@ def initialize_multi_worker(resolver, options) -> None:
     if timeout is not None:
         kwargs = {
             "initialization_timeout": max(1, int(timeout)),
-            "heartbeat_timeout_seconds": max(1, int(timeout)),
+            # a dead peer is declared after this; survivors exit within
+            # `timeout` (JAX adds a few seconds of polling)
+            "heartbeat_timeout_seconds": max(1, int(timeout) // 2),
         }
     try:
         jax.distributed.initialize(
@@ -92,6 +94,20 @@ def initialize_multi_worker(resolver, options) -> None:
 
     seed = multihost_utils.broadcast_one_to_all(np.int64(np.random.randint(2**31 - 1)))
     keras.utils.set_random_seed(int(seed))
+
+
+_PEER_FAILURE_TEXTS = ("Connection reset", "Connection closed", "Socket closed", "heartbeat", "Gloo", "gloo")
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed for want of a peer.
+
+    (When the coordination service sees a peer's heartbeat stop, JAX
+    terminates the process itself, with its own message.)
+    """
+    return isinstance(error, jax.errors.JaxRuntimeError) and any(
+        text in str(error) for text in _PEER_FAILURE_TEXTS
+    )
 
 
 def is_multi_process() -> bool:

@@ -18,6 +18,7 @@ from keras_dist.backends.tensorflow._adapter import (  # noqa: F401
     global_moments,
     initialize_multi_worker,
     is_multi_process,
+    is_peer_failure,
     in_replica_step,
     make_predict_function,
     make_step_function,

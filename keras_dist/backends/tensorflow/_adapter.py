@@ -126,6 +126,17 @@ def initialize_multi_worker(resolver, options) -> None:
     _multi_worker["cluster"] = cluster
 
 
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed for want of a peer."""
+    peer_errors = (
+        tf.errors.DeadlineExceededError,
+        tf.errors.UnavailableError,
+        tf.errors.AbortedError,
+        tf.errors.CancelledError,
+    )
+    return isinstance(error, peer_errors) and "ollective" in str(error)
+
+
 def is_multi_process() -> bool:
     return _multi_worker["engine"] is not None
 

@@ -1,0 +1,136 @@
+"""Surviving faults: kill-and-resume through BackupAndRestore, a dead peer,
+a backup write killed midway. Real worker processes on 127.0.0.1, each
+under a timeout, all reaped."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import BACKEND
+from test_multi_worker import ROOT, _free_ports
+
+RESUME_WORKER = os.path.join(ROOT, "tests", "workers", "mw_resume.py")
+
+
+def _env(**extra):
+    return dict(
+        os.environ,
+        KERAS_BACKEND=BACKEND,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    )
+
+
+def test_killed_worker_resumes_through_backup_and_restore(tmp_path):
+    """Worker 1 is SIGKILLed in epoch 2; the launcher restarts the job, which
+    resumes from the chief's epoch-1 backup and ends with the weights of an
+    uninterrupted single-device run."""
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND,
+         "--max-restarts", "1", "--timeout", "240", RESUME_WORKER, str(tmp_path), "1"],
+        capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "worker 1 exited with code 137" in done.stderr + done.stdout
+    for index in range(2):
+        result = json.loads((tmp_path / f"worker{index}.json").read_text())
+        assert result["attempt"] == 1
+        assert result["epochs_run"] == [1, 2]  # epoch 0 came from the backup
+        assert result["weight_diff"] <= 1e-5
+    assert not (tmp_path / "backup").exists()  # deleted by the chief at the end
+
+
+@pytest.mark.parametrize("dying, how", [(0, "STOP"), (1, "KILL")])
+def test_survivor_of_a_dead_peer_exits_within_the_timeout(tmp_path, dying, how):
+    """The chief freezes (alive, silent: the hard case) or worker 1 dies;
+    the other worker must exit non-zero with a clear error, not hang."""
+    timeout = 20
+    ports = _free_ports(3)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:2]]}
+    processes = []
+    try:
+        for index in range(2):
+            env = _env(
+                KERAS_DIST_COORDINATOR=f"127.0.0.1:{ports[2]}",
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+            )
+            processes.append(subprocess.Popen(
+                [sys.executable, RESUME_WORKER, str(tmp_path), "1", str(timeout), str(dying), how],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            ))
+        survivor = processes[1 - dying]
+        output = survivor.communicate(timeout=180)[0]
+        exited = time.time()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+    died = float((tmp_path / "death_time").read_text())
+    assert survivor.returncode != 0, output[-3000:]
+    assert exited - died <= timeout + 10, (exited - died, output[-3000:])
+    if BACKEND == "tensorflow":
+        assert "PeerWorkerError" in output and "another worker died" in output, output[-3000:]
+    else:  # JAX terminates the process itself, saying why
+        assert "another task died" in output or "another worker died" in output, output[-3000:]
+
+
+KILLED_MID_WRITE = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np, keras, keras_dist
+    keras_dist.simulate_cpu_devices(2)
+    backup_dir = sys.argv[1]
+    saves = []
+    original = keras.Model.save_weights
+
+    def save_weights(self, filepath, *args, **kwargs):
+        saves.append(filepath)
+        if len(saves) == 2:  # the epoch-2 backup: half a file, then death
+            with open(filepath, "wb") as handle:
+                handle.write(b"\\x89HDF\\r\\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, filepath, *args, **kwargs)
+
+    keras.Model.save_weights = save_weights
+    strategy = keras_dist.MirroredStrategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    x = np.ones((16, 4), "float32")
+    model.fit(x, x[:, :1], batch_size=5, epochs=3, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(backup_dir)])
+    """
+)
+
+
+def test_backup_killed_mid_write_leaves_the_previous_one(tmp_path, mirrored):
+    import keras
+
+    backup_dir = tmp_path / "backup"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_WRITE, str(backup_dir)],
+        capture_output=True, text=True, timeout=180, env=_env(),
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert json.loads((backup_dir / "training_metadata.json").read_text())["epoch"] == 1
+    assert [p.name for p in backup_dir.glob("*.tmp-*")]  # the torn write, not renamed
+
+    epochs = []
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    record = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))
+    x = __import__("numpy").ones((16, 4), "float32")
+    backup = keras.callbacks.BackupAndRestore(str(backup_dir), delete_checkpoint=False)
+    model.fit(x, x[:, :1], batch_size=5, epochs=3, verbose=0, callbacks=[backup, record])
+    assert epochs == [1, 2]  # resumed after the last whole backup
+    assert sorted(p.name for p in backup_dir.iterdir()) == ["latest.weights.h5", "training_metadata.json"]

@@ -44,6 +44,7 @@ import keras
 
 from keras_dist import _context
 from keras_dist._communication import PeerWorkerError
+from keras_dist._input import check_auto_shard_policy
 from keras_dist._split import validate_batch_size
 from keras_dist.backends import backend_name, get_adapter
 
@@ -211,6 +212,8 @@ def _wrap_entry(name: str):
                     bound = {}  # let Keras report the bad call
                 for argument in batch_arguments:
                     validate_batch_size(bound.get(argument), argument)
+                for argument in ("x", "validation_data"):
+                    check_auto_shard_policy(bound.get(argument), strategy._num_workers())
             _check_model_variables(self, strategy)
             with _explain_peer_failures(strategy):
                 if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:

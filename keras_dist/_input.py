@@ -62,6 +62,35 @@ class InputContext:
         )
 
 
+def check_auto_shard_policy(dataset: Any, num_workers: int) -> None:
+    """Multi-worker input is sharded by data; refuses a tf.data dataset that
+    asks for another policy (its options say FILE, HINT or OFF).
+
+    Every worker reads the whole dataset of global batches and keeps the
+    rows of its own replicas (tf's ``AutoShardPolicy.DATA``), so training
+    equals one device on the same global batches, partial last batch
+    included.
+    """
+    if num_workers <= 1 or not callable(getattr(dataset, "options", None)):
+        return
+    try:
+        policy = dataset.options().experimental_distribute.auto_shard_policy
+    except AttributeError:
+        return
+    name = getattr(policy, "name", str(policy))
+    if name in ("AUTO", "DATA"):
+        return
+    raise ValueError(
+        f"This dataset's options ask for AutoShardPolicy.{name}; keras_dist "
+        "shards multi-worker input by data: every worker reads the same "
+        "global batches and keeps its replicas' rows, which is exact for any "
+        "batch (sharding by file or not at all changes which examples form "
+        "a global batch). Leave the policy at AUTO or set "
+        "options.experimental_distribute.auto_shard_policy = "
+        "tf.data.experimental.AutoShardPolicy.DATA."
+    )
+
+
 def check_dataset(dataset: Any) -> None:
     """Rejects inputs that are not a dataset or an iterable of batches."""
     import numpy as np

@@ -202,9 +202,14 @@ class Strategy:
             strategy.run(step, args=(x, y))
         ```
         """
-        from keras_dist._input import DistributedDataset, check_dataset
+        from keras_dist._input import (
+            DistributedDataset,
+            check_auto_shard_policy,
+            check_dataset,
+        )
 
         check_dataset(dataset)
+        check_auto_shard_policy(dataset, self._num_workers())
         engine = self._get_engine()
         adapter = get_adapter()
         return DistributedDataset(
@@ -242,6 +247,10 @@ class Strategy:
 
     def _owns_variable(self, variable) -> bool:
         return get_adapter().owns_variable(self._get_engine(), variable)
+
+    def _num_workers(self) -> int:
+        resolver = getattr(self, "cluster_resolver", None)
+        return resolver.num_workers if resolver is not None else 1
 
     def _engine_devices(self) -> tuple:
         """Devices the engine spans (all workers' for multi-worker)."""

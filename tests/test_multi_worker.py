@@ -150,3 +150,31 @@ def test_example_through_the_launcher():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "[worker 0] MATCH" in done.stdout, done.stdout[-2000:]
     assert "[worker 1] MATCH" not in done.stdout  # only the chief reports
+
+
+@pytest.mark.parametrize("policy", ["OFF", "FILE", "HINT"])
+def test_multi_worker_refuses_other_auto_shard_policies(mirrored, monkeypatch, policy):
+    """Input is sharded by data; a dataset asking for another policy gets
+    one clear error before training starts (the job's workers all agree)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = mirrored(2)
+    monkeypatch.setattr(type(strategy), "_num_workers", lambda self: 2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    before = [w.copy() for w in model.get_weights()]
+    x = np.ones((8, 3), "float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
+    with pytest.raises(ValueError, match=f"AutoShardPolicy.{policy}.*shards multi-worker input by data"):
+        model.fit(dataset.with_options(options), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="AutoShardPolicy"):
+        strategy.experimental_distribute_dataset(dataset.with_options(options))
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    model.fit(dataset.with_options(options), epochs=1, verbose=0)  # DATA is what we do

@@ -1,9 +1,14 @@
 """Multi-worker training on the digits dataset, checked against one device.
 
-Run two workers on this machine (JAX backend; each worker simulates 2 CPU
-devices, so 4 replicas in all):
+Run two workers on this machine (each worker simulates 2 CPU devices, so 4
+replicas in all), on either backend:
 
     keras-dist launch -n 2 --backend jax examples/multi_worker.py
+    keras-dist launch -n 2 --backend tensorflow examples/multi_worker.py
+
+With ``--backup-dir DIR`` the distributed run keeps a BackupAndRestore
+backup there: relaunched after a crash (``keras-dist launch --max-restarts
+2 ...``), it resumes from the last finished epoch.
 
 Every worker trains the same CNN under MultiWorkerMirroredStrategy on the
 same global batches (50 rows, not a multiple of the 4 replicas, and a
@@ -29,6 +34,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--devices", type=int, default=2, help="simulated CPU devices per worker")
+    parser.add_argument("--backup-dir", help="BackupAndRestore directory (shared by the workers)")
     args = parser.parse_args(argv)
 
     keras_dist.simulate_cpu_devices(args.devices)
@@ -67,7 +73,10 @@ def main(argv=None):
     single.set_weights(model.get_weights())
     compile_model(single)
 
-    history = model.fit(x, y, batch_size=50, epochs=args.epochs, shuffle=False, verbose=0).history
+    callbacks = [keras.callbacks.BackupAndRestore(args.backup_dir)] if args.backup_dir else []
+    history = model.fit(
+        x, y, batch_size=50, epochs=args.epochs, shuffle=False, verbose=0, callbacks=callbacks
+    ).history
     single.fit(x, y, batch_size=50, epochs=args.epochs, shuffle=False, verbose=0)
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights()))
     if chief:

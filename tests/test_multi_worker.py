@@ -140,11 +140,11 @@ def test_bad_communication_options():
         keras_dist.CommunicationOptions(bytes_per_pack=-1)
 
 
-def test_example_through_the_launcher():
+def test_example_through_the_launcher(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND, "--timeout", "240",
-         os.path.join(ROOT, "examples", "multi_worker.py"), "--epochs", "1"],
+         os.path.join(ROOT, "examples", "multi_worker.py"), "--epochs", "1", "--backup-dir", str(tmp_path / "backup")],
         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -47,6 +47,7 @@ test-keras-min: install
 
 bench: install
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/weak_scaling.py
 
 clean:
 	rm -rf $(VENV) $(KERAS_MIN_DIR) build *.egg-info

@@ -34,3 +34,20 @@ def test_quick_benchmark_run(tmp_path):
     markdown = (tmp_path / "RESULTS.quick.md").read_text()
     assert "| mlp | " + BACKEND + " | mirrored | 2 |" in markdown
     assert (tmp_path / "results" / "step_time.quick.png").stat().st_size > 0
+
+
+def test_quick_weak_scaling_run(tmp_path):
+    """P3's harness: a one-worker and a two-worker job, each pinned to a core."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, "benchmarks/weak_scaling.py", "--quick", "--backends", BACKEND, "--output", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "results" / "weak_scaling.quick.json").read_text())
+    assert row["backend"] == BACKEND
+    assert row["one_worker_samples_per_second"] > 0 and row["two_workers_samples_per_second"] > 0
+    assert f"| {BACKEND} |" in (tmp_path / "WEAK_SCALING.quick.md").read_text()

@@ -12,6 +12,12 @@ model.fit(x, y, batch_size=64)                 # 64 = global batch
 
 from keras_dist import _hooks, cluster_resolver
 from keras_dist._communication import CommunicationImplementation, CommunicationOptions
+from keras_dist._cross_device_ops import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
+)
 from keras_dist._input import InputContext, InputOptions
 from keras_dist._losses import compute_average_loss, scale_regularization_loss
 from keras_dist._reduce import ReduceOp
@@ -36,15 +42,19 @@ __version__ = "0.1.0"
 __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
+    "CrossDeviceOps",
+    "HierarchicalCopyAllReduce",
     "MultiWorkerMirroredStrategy",
     "DistributedValues",
     "InputContext",
     "InputOptions",
     "Mirrored",
     "MirroredStrategy",
+    "NcclAllReduce",
     "OneDeviceStrategy",
     "PerReplica",
     "ReduceOp",
+    "ReductionToOneDevice",
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",

@@ -373,6 +373,7 @@ def _build_jax_function(model, strategy, kind: str):
         donate_argnums=0,
         in_shardings=(state_shardings, None),
         out_shardings=(None, state_shardings),
+        compiler_options=engine.compiler_options,
     )
 
     def run_step(state, data):

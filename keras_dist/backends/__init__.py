@@ -24,6 +24,9 @@ class BackendAdapter(Protocol):
     def simulate_cpu_devices(self, count: int) -> None:
         """Splits the host CPU into `count` devices (before first use)."""
 
+    def check_cross_device_ops(self, ops, devices: tuple[str, ...]) -> None:
+        """Raises if this backend cannot carry out the `CrossDeviceOps` `ops`."""
+
     def create_engine(self, strategy) -> Any:
         """Builds the backend object that does the distribution."""
 

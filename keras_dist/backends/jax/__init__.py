@@ -13,6 +13,8 @@ inside it; XLA pads and masks the uneven shards.
 from keras_dist.backends.jax._adapter import (  # noqa: F401
     JaxEngine,
     batch_sharding,
+    check_cross_device_ops,
+    compiler_options_for,
     constrain_batch,
     create_engine,
     engine_of_distribution,

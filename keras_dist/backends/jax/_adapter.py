@@ -24,6 +24,8 @@ class JaxEngine:
     devices: tuple  # jax.Device objects, in replica order
     mesh: Mesh
     distribution: Any  # keras.distribution.DataParallel
+    #: XLA options for every program compiled for this engine (None: XLA's).
+    compiler_options: Any = None
 
     @property
     def num_replicas(self) -> int:
@@ -125,6 +127,49 @@ class _StrategyDistribution(keras.distribution.DataParallel):
     keras_dist_engine: "JaxEngine | None" = None
 
 
+#: XLA's passes that combine independent all-reduces into one (their names
+#: on CPU, on GPU, and the generic pass). Disabling them leaves one
+#: all-reduce per reduced tensor.
+_ALL_REDUCE_COMBINERS = "cpu-all-reduce-combiner,gpu-all-reduce-combiner,all-reduce-combiner"
+
+
+def check_cross_device_ops(ops, devices) -> None:
+    """Raises if XLA cannot do what `ops` asks (see `compiler_options_for`)."""
+    if ops is None:
+        return
+    name = type(ops).__name__
+    if getattr(ops, "num_packs", 1) > 1:
+        raise ValueError(
+            f"{name}(num_packs={ops.num_packs}) cannot be honoured on JAX: XLA "
+            "packs a step's all-reduces itself and offers two settings, "
+            "num_packs=1 (all combined into one all-reduce, the default) and "
+            "num_packs=0 (one all-reduce per tensor). Use one of those; "
+            "other pack counts are a TensorFlow-engine setting."
+        )
+    if name == "ReductionToOneDevice" and (
+        ops.reduce_to_device is not None or ops.accumulation_fn is not None
+    ):
+        raise ValueError(
+            "ReductionToOneDevice(reduce_to_device=..., accumulation_fn=...) "
+            "are TensorFlow-engine settings: on JAX, XLA's all-reduce leaves "
+            "the sum on every device, with no device or summing function to "
+            "choose. Use keras_dist.ReductionToOneDevice() on JAX."
+        )
+
+
+def compiler_options_for(ops):
+    """XLA compile options that carry out a cross-device ops choice.
+
+    None and ``num_packs=1``: XLA's default, which combines the all-reduces
+    of a step (the gradients' among them) into one. ``num_packs=0`` and
+    `ReductionToOneDevice`: the combiner passes are disabled, so every
+    reduced tensor keeps its own all-reduce.
+    """
+    if ops is None or getattr(ops, "num_packs", 0) == 1:
+        return None
+    return {"xla_disable_hlo_passes": _ALL_REDUCE_COMBINERS}
+
+
 def create_engine(strategy) -> JaxEngine:
     by_name = {_canonical(d): d for d in jax.devices()}
     devices = tuple(by_name[d] for d in strategy._engine_devices())
@@ -137,7 +182,12 @@ def create_engine(strategy) -> JaxEngine:
         device_mesh=device_mesh, auto_shard_dataset=False
     )
     mesh = device_mesh.backend_mesh
-    engine = JaxEngine(devices=devices, mesh=mesh, distribution=distribution)
+    engine = JaxEngine(
+        devices=devices,
+        mesh=mesh,
+        distribution=distribution,
+        compiler_options=compiler_options_for(strategy._cross_device_ops),
+    )
     distribution.keras_dist_engine = engine
     return engine
 

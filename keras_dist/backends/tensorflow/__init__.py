@@ -13,6 +13,7 @@ every replica.
 """
 
 from keras_dist.backends.tensorflow._adapter import (  # noqa: F401
+    check_cross_device_ops,
     create_engine,
     global_devices,
     global_moments,

@@ -77,8 +77,41 @@ _engines_created = itertools.count(1)
 _COLLECTIVE_KEYS_PER_ENGINE = 100_000
 
 
+def check_cross_device_ops(ops, devices) -> None:
+    """Raises where tf.distribute would fail or be silently wrong."""
+    if ops is None:
+        return
+    name = type(ops).__name__
+    if name == "HierarchicalCopyAllReduce" and len(devices) > 1 and len(devices) % 2:
+        raise ValueError(
+            f"HierarchicalCopyAllReduce needs an even number of devices on "
+            f"TensorFlow; this strategy has {len(devices)}. TensorFlow's "
+            "algorithm sums two equal halves of the devices, and with an odd "
+            "count it leaves one replica's values out of the sum (silently "
+            "wrong gradients). Use an even number of devices, "
+            "keras_dist.ReductionToOneDevice(), or cross_device_ops=None."
+        )
+    if name == "ReductionToOneDevice" and ops.reduce_to_device is not None:
+        _devices.resolve_devices([ops.reduce_to_device], visible_devices())
+
+
+def _tf_cross_device_ops(ops):
+    """The tf.distribute object for a keras_dist cross-device ops choice."""
+    if ops is None:
+        return None
+    name = type(ops).__name__
+    if name == "ReductionToOneDevice":
+        device = ops.reduce_to_device
+        return tf.distribute.ReductionToOneDevice(
+            reduce_to_device=None if device is None else _tf_device(device),
+            accumulation_fn=ops.accumulation_fn,
+        )
+    return getattr(tf.distribute, name)(num_packs=ops.num_packs)
+
+
 def create_engine(strategy):
     devices = [_tf_device(d) for d in strategy.extended.worker_devices]
+    cross_device_ops = _tf_cross_device_ops(strategy._cross_device_ops)
     # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
     # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's
     # input pipeline costs about 2x the step time of plain Keras.
@@ -92,7 +125,7 @@ def create_engine(strategy):
         next(_engines_created) * _COLLECTIVE_KEYS_PER_ENGINE
     )
     try:
-        return engine_class(devices)
+        return engine_class(devices, cross_device_ops=cross_device_ops)
     finally:
         engine_class._collective_key_base = previous
 

@@ -8,7 +8,10 @@ fails here, loudly, naming it.
 
 Hooks (all backends):
   Trainer.__init__                     remember the strategy in scope
-  Model.compile                        compile under the model's strategy
+  Trainer.compile                      compile under the model's strategy
+                                       (on Trainer, not Model: Keras checks
+                                       `compile` is not overridden before
+                                       compile_from_config)
   Model.fit/evaluate/predict/*_on_batch  validate, then run in the scope;
                                        non-chief workers: no progress bar,
                                        file callbacks write to a private dir
@@ -93,7 +96,10 @@ def install() -> None:
     if _installed:
         return
     _patch("keras.src.trainers.trainer:Trainer.__init__", _wrap_trainer_init)
-    _patch("keras.src.models.model:Model.compile", _wrap_compile)
+    # On Trainer, where Keras defines it: `compile_from_config` (used by
+    # load_model and clone_model) skips compiling, with a warning, when
+    # `type(model).compile is not Trainer.compile`.
+    _patch("keras.src.trainers.trainer:Trainer.compile", _wrap_compile)
     for name in _ENTRY_POINTS:
         _patch(f"keras.src.models.model:Model.{name}", _wrap_entry(name))
     _patch("keras.src.losses.loss:Loss.__call__", _wrap_loss_call)
@@ -522,3 +528,4 @@ def _wrap_tf_make_predict_function(original):
         return self.predict_function
 
     return make_predict_function
+

@@ -10,7 +10,7 @@ model.fit(x, y, batch_size=64)                 # 64 = global batch
 ```
 """
 
-from keras_dist import _hooks, cluster_resolver
+from keras_dist import _hooks, callbacks, cluster_resolver
 from keras_dist._communication import CommunicationImplementation, CommunicationOptions
 from keras_dist._cross_device_ops import (
     CrossDeviceOps,
@@ -58,6 +58,7 @@ __all__ = [
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",
+    "callbacks",
     "cluster_resolver",
     "compute_average_loss",
     "experimental_set_strategy",

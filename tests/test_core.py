@@ -16,6 +16,10 @@ CORE_MODULES = [
     "_reduce.py",
     "_strategy.py",
     "_simulate.py",
+    "callbacks/__init__.py",
+    "callbacks/_plot.py",
+    "callbacks/_report.py",
+    "callbacks/_scaling_report.py",
 ]
 PACKAGE = pathlib.Path(keras_dist.__file__).parent
 

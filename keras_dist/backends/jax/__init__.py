@@ -30,6 +30,7 @@ from keras_dist.backends.jax._adapter import (  # noqa: F401
     scope,
     simulate_cpu_devices,
     sync_from_chief,
+    time_all_reduce,
     visible_devices,
 )
 from keras_dist.backends.jax._replica import (  # noqa: F401

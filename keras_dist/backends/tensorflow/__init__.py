@@ -26,6 +26,7 @@ from keras_dist.backends.tensorflow._adapter import (  # noqa: F401
     replica_step,
     scale_factor,
     slice_for_replica,
+    time_all_reduce,
     scope,
     simulate_cpu_devices,
     unscale_factor,

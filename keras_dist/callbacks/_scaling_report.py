@@ -16,6 +16,9 @@ from keras_dist.backends import backend_name, get_adapter
 from keras_dist.callbacks import _plot
 from keras_dist.callbacks._report import PARTS, ScalingResult, available_cores, hints_for
 
+#: Steps slower than this many times the median are left out (compilation).
+OUTLIER_FACTOR = 5
+
 
 class ScalingReport(keras.callbacks.Callback):
     """Tells, at the end of `fit`, where the step time went and whether
@@ -36,7 +39,8 @@ class ScalingReport(keras.callbacks.Callback):
       callbacks, the progress bar).
 
     Throughput is measured: rows trained / time, over all steps but the
-    first (which includes compilation). To time steps rather than their
+    first (which includes compilation) and any step over 5x the median step
+    (a recompilation, e.g. for a partial last batch; a note says so). To time steps rather than their
     dispatch, each step's logs are waited for (JAX otherwise runs ahead
     asynchronously), which can cost a little overlap.
 
@@ -52,7 +56,8 @@ class ScalingReport(keras.callbacks.Callback):
 
     Only the chief (`strategy.extended.should_checkpoint`) prints and
     writes the plot; every worker computes `result` (the communication
-    timing is a collective, so every worker must run the callback).
+    timing is a collective, so every worker must run the callback). In
+    multi-worker jobs no one-replica reference is measured (pass one).
 
     Args:
         plot_path: where to write a PNG of the report (needs matplotlib;
@@ -161,21 +166,34 @@ class ScalingReport(keras.callbacks.Callback):
                 step["gap"] = following["begin"] - step["end"]
         gaps = [s["gap"] for s in steps if "gap" in s]
         typical_gap = statistics.median(gaps) if gaps else 0.0
+        for step in steps:
+            step["wall"] = step["end"] - step["begin"] + step.get("gap", typical_gap)
         first = steps[0]
-        first_step = first["end"] - first["begin"] + first.get("gap", typical_gap)
+        first_step = first["wall"]
         timed = steps[1:]
         if not timed:
             timed = steps
             notes.append("only one training call: its time includes compilation")
-        elif sum(s["batches"] for s in timed) < 3:
+        elif len(timed) >= 3:  # leave out compilations (e.g. a partial last batch's new shape)
+            per_batch = [s["wall"] / max(s["batches"], 1) for s in timed]
+            limit = OUTLIER_FACTOR * statistics.median(per_batch)
+            slow = [s for s, t in zip(timed, per_batch) if t > limit]
+            if slow and len(slow) < len(timed) / 2:
+                timed = [s for s, t in zip(timed, per_batch) if t <= limit]
+                notes.append(
+                    f"{len(slow)} step(s) left out, each over {OUTLIER_FACTOR}x the median "
+                    f"step ({max(s['wall'] / max(s['batches'], 1) for s in slow) * 1e3:.1f} ms "
+                    f"vs {limit / OUTLIER_FACTOR * 1e3:.2f} ms): most likely compilation, e.g. "
+                    "for a partial last batch's new shape"
+                )
+        if sum(s["batches"] for s in timed) < 3:
             notes.append("fewer than 3 timed steps: the numbers are rough")
 
         wall = call = fetch = 0.0
         batches = rows = 0
         for s in timed:
-            step_wall = s["end"] - s["begin"] + s.get("gap", typical_gap)
-            wall += step_wall
-            call += min(s["call"], step_wall)
+            wall += s["wall"]
+            call += min(s["call"], s["wall"])
             fetch += min(s["fetch"], s["call"])
             batches += s["batches"]
             rows += s["rows"]
@@ -210,6 +228,12 @@ class ScalingReport(keras.callbacks.Callback):
             reference, source = samples_per_second, "this run"
         elif self.reference_samples_per_second is not None:
             reference, source = float(self.reference_samples_per_second), "given"
+        elif self.measure_reference and chief and _workers(strategy) > 1:
+            notes.append(
+                "no one-replica reference: not measured in multi-worker jobs (the "
+                "model's state spans the workers); pass "
+                "ScalingReport(reference_samples_per_second=...) for the speedup and efficiency"
+            )
         elif self.measure_reference and chief and self._first_batch is not None:
             try:
                 reference = _measure_one_replica(
@@ -226,7 +250,9 @@ class ScalingReport(keras.callbacks.Callback):
         efficiency = speedup / replicas if speedup is not None else None
 
         devices = tuple(strategy.extended.worker_devices) if strategy is not None else ("one device, no strategy",)
-        cpu_replicas = sum(1 for d in devices if d.startswith("cpu:"))
+        cpu_replicas = sum(1 for d in devices if d.startswith("cpu:"))  # on this host
+        if _workers(strategy) > 1:
+            devices = (f"{_workers(strategy)} workers; this one: {', '.join(devices)}",)
         cores = available_cores()
         hints = list(hints_for(replicas, cpu_replicas, cores, per_replica_batch, fractions, speedup))
         if hints and hints[0].startswith("Distribution costs more") and len(hints) == 1:
@@ -259,6 +285,12 @@ class ScalingReport(keras.callbacks.Callback):
             hints=tuple(hints),
             notes=tuple(notes),
         )
+
+
+def _workers(strategy) -> int:
+    """Worker processes of the job (1 unless multi-worker)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return getattr(resolver, "num_workers", 1) if resolver is not None else 1
 
 
 def _is_chief(strategy) -> bool:

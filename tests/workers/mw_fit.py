@@ -3,8 +3,9 @@ MultiWorkerMirroredStrategy and, on the same data, plain single-device Keras
 from the same initial weights; writes the comparison to OUT/worker<i>.json.
 
 argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks]
-With "callbacks", fit also runs Keras' file-writing callbacks on the user's
-paths in OUT_DIR/files with a progress bar, and saves the model there.
+With "callbacks", fit also runs Keras' file-writing callbacks and a
+ScalingReport on the user's paths in OUT_DIR/files with a progress bar, and
+saves the model there.
 """
 
 import json
@@ -64,6 +65,7 @@ if with_callbacks:
     callbacks = [
         keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.weights.h5"), save_weights_only=True),
         keras.callbacks.CSVLogger(os.path.join(files, "log.csv")),
+        keras_dist.callbacks.ScalingReport(plot_path=os.path.join(files, "scaling.png")),
     ]
 fit = model.fit(
     x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=2 if with_callbacks else 0, callbacks=callbacks

@@ -36,6 +36,9 @@ class BackendAdapter(Protocol):
     def owns_variable(self, engine, variable) -> bool:
         """True if the Keras `variable` is placed by `engine`."""
 
+    def time_all_reduce(self, engine, shapes_and_dtypes, repeats: int = 5) -> float:
+        """Median seconds to all-reduce buffers of these shapes (a collective)."""
+
 
 def backend_name() -> str:
     import keras

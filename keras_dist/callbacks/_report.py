@@ -43,6 +43,11 @@ class ScalingResult:
     on the per-replica batch (``reference_source``: ``"measured"``,
     ``"given"``, or ``None`` when there is none); ``speedup`` is
     ``samples_per_second`` over it, ``efficiency`` the speedup per replica.
+
+    ```python
+    result = report.result  # a ScalingReport's, after fit
+    print(f"{result.fractions['communication']:.0%} communication, {result.efficiency}")
+    ```
     """
 
     backend: str

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from keras_dist import _devices
+from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
 
 name = "jax"
 BATCH_AXIS = "batch"
@@ -138,7 +139,7 @@ def check_cross_device_ops(ops, devices) -> None:
     if ops is None:
         return
     name = type(ops).__name__
-    if getattr(ops, "num_packs", 1) > 1:
+    if isinstance(ops, _PackedAllReduce) and ops.num_packs > 1:
         raise ValueError(
             f"{name}(num_packs={ops.num_packs}) cannot be honoured on JAX: XLA "
             "packs a step's all-reduces itself and offers two settings, "
@@ -146,7 +147,7 @@ def check_cross_device_ops(ops, devices) -> None:
             "num_packs=0 (one all-reduce per tensor). Use one of those; "
             "other pack counts are a TensorFlow-engine setting."
         )
-    if name == "ReductionToOneDevice" and (
+    if isinstance(ops, ReductionToOneDevice) and (
         ops.reduce_to_device is not None or ops.accumulation_fn is not None
     ):
         raise ValueError(
@@ -165,7 +166,7 @@ def compiler_options_for(ops):
     `ReductionToOneDevice`: the combiner passes are disabled, so every
     reduced tensor keeps its own all-reduce.
     """
-    if ops is None or getattr(ops, "num_packs", 0) == 1:
+    if ops is None or (isinstance(ops, _PackedAllReduce) and ops.num_packs == 1):
         return None
     return {"xla_disable_hlo_passes": _ALL_REDUCE_COMBINERS}
 

@@ -9,6 +9,7 @@ import threading
 import tensorflow as tf
 
 from keras_dist import _devices
+from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
 
 name = "tensorflow"
 _local = threading.local()
@@ -81,8 +82,7 @@ def check_cross_device_ops(ops, devices) -> None:
     """Raises where tf.distribute would fail or be silently wrong."""
     if ops is None:
         return
-    name = type(ops).__name__
-    if name == "HierarchicalCopyAllReduce" and len(devices) > 1 and len(devices) % 2:
+    if isinstance(ops, HierarchicalCopyAllReduce) and len(devices) > 1 and len(devices) % 2:
         raise ValueError(
             f"HierarchicalCopyAllReduce needs an even number of devices on "
             f"TensorFlow; this strategy has {len(devices)}. TensorFlow's "
@@ -91,7 +91,7 @@ def check_cross_device_ops(ops, devices) -> None:
             "wrong gradients). Use an even number of devices, "
             "keras_dist.ReductionToOneDevice(), or cross_device_ops=None."
         )
-    if name == "ReductionToOneDevice" and ops.reduce_to_device is not None:
+    if isinstance(ops, ReductionToOneDevice) and ops.reduce_to_device is not None:
         _devices.resolve_devices([ops.reduce_to_device], visible_devices())
 
 
@@ -99,14 +99,14 @@ def _tf_cross_device_ops(ops):
     """The tf.distribute object for a keras_dist cross-device ops choice."""
     if ops is None:
         return None
-    name = type(ops).__name__
-    if name == "ReductionToOneDevice":
+    if isinstance(ops, ReductionToOneDevice):
         device = ops.reduce_to_device
         return tf.distribute.ReductionToOneDevice(
             reduce_to_device=None if device is None else _tf_device(device),
             accumulation_fn=ops.accumulation_fn,
         )
-    return getattr(tf.distribute, name)(num_packs=ops.num_packs)
+    # NcclAllReduce, HierarchicalCopyAllReduce: tf.distribute's class of that name
+    return getattr(tf.distribute, type(ops).__name__)(num_packs=ops.num_packs)
 
 
 def create_engine(strategy):

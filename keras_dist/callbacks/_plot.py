@@ -62,10 +62,12 @@ def write_plot(result: ScalingResult, path: str) -> str:
     if result.efficiency is not None:
         title += f": speedup {result.speedup:.2f}x, efficiency {result.efficiency * 100:.0f}%"
     rates.set_title(title, fontsize=10)
-    figure.tight_layout(rect=(0, 0.1 if result.hints else 0, 1, 1))
-    if result.hints:
-        more = f" (+{len(result.hints) - 1} more hint(s) in the printed report)" if len(result.hints) > 1 else ""
-        caption = textwrap.fill("Hint: " + result.hints[0] + more, width=160)
+    shown = [h.replace(" The hints below say why.", "") for h in result.hints[:2]]
+    caption = "\n".join(textwrap.fill("Hint: " + h, width=170) for h in shown)
+    if len(result.hints) > len(shown):
+        caption += f"\n(+{len(result.hints) - len(shown)} more hint(s) in the printed report)"
+    figure.tight_layout(rect=(0, (0.04 * (caption.count("\n") + 1) + 0.02) if shown else 0, 1, 1))
+    if shown:
         figure.text(0.01, 0.01, caption, fontsize=7, va="bottom")
 
     path = os.fspath(path)

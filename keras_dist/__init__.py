@@ -10,11 +10,17 @@ model.fit(x, y, batch_size=64)                 # 64 = global batch
 ```
 """
 
-from keras_dist import _hooks, cluster_resolver
+from keras_dist import _hooks, callbacks, cluster_resolver
 from keras_dist._communication import (
     CommunicationImplementation,
     CommunicationOptions,
     PeerWorkerError,
+)
+from keras_dist._cross_device_ops import (
+    CrossDeviceOps,
+    HierarchicalCopyAllReduce,
+    NcclAllReduce,
+    ReductionToOneDevice,
 )
 from keras_dist._input import InputContext, InputOptions
 from keras_dist._losses import compute_average_loss, scale_regularization_loss
@@ -40,19 +46,24 @@ __version__ = "0.1.0"
 __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
+    "CrossDeviceOps",
+    "HierarchicalCopyAllReduce",
     "MultiWorkerMirroredStrategy",
     "DistributedValues",
     "InputContext",
     "InputOptions",
     "Mirrored",
     "MirroredStrategy",
+    "NcclAllReduce",
     "OneDeviceStrategy",
     "PeerWorkerError",
     "PerReplica",
     "ReduceOp",
+    "ReductionToOneDevice",
     "ReplicaContext",
     "Strategy",
     "StrategyExtended",
+    "callbacks",
     "cluster_resolver",
     "compute_average_loss",
     "experimental_set_strategy",

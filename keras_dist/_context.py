@@ -55,3 +55,19 @@ def in_replica(context) -> Iterator[None]:
         yield
     finally:
         _local.replica_context = previous
+
+
+@contextlib.contextmanager
+def outside_strategies() -> Iterator[None]:
+    """No strategy scope is entered while inside (process-wide).
+
+    For keras_dist's own code that must build plain Keras objects while a
+    scope is open (the one-replica reference of `ScalingReport`, built in
+    a fresh thread during `fit`).
+    """
+    saved = list(_stack)
+    _stack.clear()
+    try:
+        yield
+    finally:
+        _stack[:] = saved

@@ -8,7 +8,10 @@ fails here, loudly, naming it.
 
 Hooks (all backends):
   Trainer.__init__                     remember the strategy in scope
-  Model.compile                        compile under the model's strategy
+  Trainer.compile                      compile under the model's strategy
+                                       (on Trainer, not Model: Keras checks
+                                       `compile` is not overridden before
+                                       compile_from_config)
   Model.fit/evaluate/predict/*_on_batch  validate, then run in the scope;
                                        non-chief workers: no progress bar,
                                        file callbacks write to a private dir
@@ -25,6 +28,8 @@ TensorFlow:
   losses.loss.(un)scale_loss_for_distribution  scale by global-batch share
   BatchNormalization._moments          global-batch moments
   TensorFlowTrainer.make_{train,test,predict}_function  exact steps
+Instrumentation (not installed; used while a ScalingReport is attached):
+  model.train_function                 timed batch fetches and steps
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 
 import keras
 
@@ -101,7 +107,10 @@ def install() -> None:
     if _installed:
         return
     _patch("keras.src.trainers.trainer:Trainer.__init__", _wrap_trainer_init)
-    _patch("keras.src.models.model:Model.compile", _wrap_compile)
+    # On Trainer, where Keras defines it: `compile_from_config` (used by
+    # load_model and clone_model) skips compiling, with a warning, when
+    # `type(model).compile is not Trainer.compile`.
+    _patch("keras.src.trainers.trainer:Trainer.compile", _wrap_compile)
     for name in _ENTRY_POINTS:
         _patch(f"keras.src.models.model:Model.{name}", _wrap_entry(name))
     _patch("keras.src.losses.loss:Loss.__call__", _wrap_loss_call)
@@ -497,6 +506,7 @@ def _build_jax_function(model, strategy, kind: str):
         donate_argnums=0,
         in_shardings=(state_shardings, None),
         out_shardings=(None, state_shardings),
+        compiler_options=engine.compiler_options,
     )
 
     def run_step(state, data):
@@ -645,3 +655,97 @@ def _wrap_tf_make_predict_function(original):
         return self.predict_function
 
     return make_predict_function
+
+
+# -- instrumentation --------------------------------------------------------
+
+
+class _TimedIterator:
+    """Yields `first`, then `iterator`'s batches, timing each fetch."""
+
+    def __init__(self, first, iterator):
+        self._first = [first]
+        self._iterator = iterator
+        self.fetch_seconds = 0.0
+        self.batches = 0
+        self.rows = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._first:
+            batch = self._first.pop()
+        else:
+            start = time.perf_counter()
+            try:
+                batch = next(self._iterator)
+            finally:
+                self.fetch_seconds += time.perf_counter() - start
+        self.batches += 1
+        self.rows += batch_rows(batch)
+        return batch
+
+
+def batch_rows(batch) -> int:
+    """Rows of a batch: the leading size of its first array."""
+    for leaf in keras.tree.flatten(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) >= 1 and shape[0] is not None:
+            return int(shape[0])
+    return 0
+
+
+def _wait_for_logs(result) -> None:
+    """Blocks until a train function's logs are computed.
+
+    JAX dispatches asynchronously: without this, a step's time would be
+    its dispatch. (JAX returns ``(logs, state)``, TensorFlow the logs.)
+    """
+    logs = result[0] if isinstance(result, tuple) else result
+    for leaf in keras.tree.flatten(logs):
+        if hasattr(leaf, "shape"):
+            keras.ops.convert_to_numpy(leaf)
+
+
+def time_train_function(model, record):
+    """Makes each call of `model.train_function` report its timings.
+
+    `record(start, end, fetch_seconds, batches, rows, first_batch)` is
+    called after every call. Keras passes the batch iterator as the train
+    function's last argument (JAX: ``(state, iterator)``, TensorFlow:
+    ``(iterator)``); the wrapper hands on an iterator that times every
+    fetch, and waits for the step's logs, so a call's time is the step's
+    own. (On TensorFlow without a strategy, Keras then takes the batches
+    one by one in Python instead of inside its compiled loop: the same
+    steps on the same batches.) Returns ``undo()``, which restores the
+    original function; a wrapper left behind (fit raised) passes calls
+    straight through once undone.
+    """
+    original = model.train_function
+    original = getattr(original, "__keras_dist_untimed__", original)
+    active = [True]
+
+    def train_function(*args):
+        if not active[0]:
+            return original(*args)
+        *head, iterator = args
+        start = time.perf_counter()
+        first = next(iterator)  # StopIteration: no more data, as Keras expects
+        fetched = time.perf_counter()
+        timed = _TimedIterator(first, iterator)
+        result = original(*head, timed)
+        _wait_for_logs(result)
+        end = time.perf_counter()
+        record(start, end, (fetched - start) + timed.fetch_seconds, timed.batches, timed.rows, first)
+        return result
+
+    train_function.__keras_dist_untimed__ = original
+    model.train_function = train_function
+
+    def undo():
+        active[0] = False
+        if model.train_function is train_function:
+            model.train_function = original
+
+    return undo

@@ -11,6 +11,7 @@ import contextlib
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from keras_dist import _context
+from keras_dist import _cross_device_ops
 from keras_dist import _devices
 from keras_dist._reduce import ReduceOp
 from keras_dist.backends import get_adapter
@@ -126,6 +127,9 @@ class Strategy:
     model.fit(x, y, batch_size=64)   # 64 = the global batch
     ```
     """
+
+    #: A `keras_dist.CrossDeviceOps` (MirroredStrategy), else None.
+    _cross_device_ops = None
 
     def __init__(self, devices: Sequence[str]):
         self._extended = StrategyExtended(self, devices)
@@ -287,28 +291,31 @@ class MirroredStrategy(Strategy):
         devices: device names (``"cpu:0"``, ``"/gpu:1"``...). ``None`` uses
             all local accelerators, or all local CPU devices if there are
             none.
-        cross_device_ops: reserved for the CrossDeviceOps classes; ``None``
-            lets the backend's engine choose.
+        cross_device_ops: how values are summed across replicas: a
+            `keras_dist.NcclAllReduce`, `HierarchicalCopyAllReduce` or
+            `ReductionToOneDevice`; ``None`` lets the backend's engine choose.
+            Checked here, for this backend and these devices.
 
     ```python
     strategy = keras_dist.MirroredStrategy(["cpu:0", "cpu:1"])
     strategy.num_replicas_in_sync  # 2
+    keras_dist.MirroredStrategy(
+        cross_device_ops=keras_dist.HierarchicalCopyAllReduce(num_packs=0)
+    )
     ```
     """
 
     def __init__(
         self,
         devices: Optional[Sequence[str]] = None,
-        cross_device_ops: Any = None,
+        cross_device_ops: Optional[_cross_device_ops.CrossDeviceOps] = None,
     ):
-        if cross_device_ops is not None:
-            raise NotImplementedError(
-                "cross_device_ops is not supported yet; pass None to let the "
-                "backend's engine choose its all-reduce."
-            )
+        adapter = get_adapter()
+        resolved = _devices.resolve_devices(devices, adapter.visible_devices())
+        cross_device_ops = _cross_device_ops.validate(cross_device_ops, resolved)
+        adapter.check_cross_device_ops(cross_device_ops, resolved)
         self._cross_device_ops = cross_device_ops
-        visible = get_adapter().visible_devices()
-        super().__init__(_devices.resolve_devices(devices, visible))
+        super().__init__(resolved)
 
 
 class _MultiWorkerExtended(StrategyExtended):

@@ -1,5 +1,7 @@
 """Run a multi-worker job on this machine: `keras-dist launch`.
 
+(`keras-dist bench` is the other subcommand: see `keras_dist._bench`.)
+
 Starts N copies of a script, each with a `TF_CONFIG` naming all N workers on
 free loopback ports and its own index, so `MultiWorkerMirroredStrategy()`
 finds the cluster with no other set-up:
@@ -366,11 +368,17 @@ def _top_parser() -> argparse.ArgumentParser:
         prog="keras-dist",
         description="keras-dist command-line tools.",
         epilog="`launch` may be left out: `keras-dist -n 2 train.py` is "
-        "`keras-dist launch -n 2 train.py`. See `keras-dist launch --help`.",
+        "`keras-dist launch -n 2 train.py`. See `keras-dist launch --help` and "
+        "`keras-dist bench --help`.",
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     commands.add_parser(
         "launch", help="run a script as N local workers with TF_CONFIG set (the default)"
+    )
+    commands.add_parser(
+        "bench",
+        help="train a built-in model on N replicas and print where the step time goes "
+        "(ScalingReport)",
     )
     return parser
 
@@ -390,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 top.exit(2, f"{top.prog}: error: nothing to do; try `keras-dist launch --help`\n")
             top.print_help()
             return 0
+        if argv[0] == "bench":
+            from keras_dist import _bench
+
+            return _bench.main(argv[1:])
         if argv[0] == "launch":
             argv = argv[1:]
         parser = _launch_parser("keras-dist launch")

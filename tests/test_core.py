@@ -8,7 +8,19 @@ import pytest
 import keras_dist
 from keras_dist import _devices, _split
 
-CORE_MODULES = ["_context.py", "_devices.py", "_split.py", "_reduce.py", "_strategy.py", "_simulate.py"]
+CORE_MODULES = [
+    "_context.py",
+    "_cross_device_ops.py",
+    "_devices.py",
+    "_split.py",
+    "_reduce.py",
+    "_strategy.py",
+    "_simulate.py",
+    "callbacks/__init__.py",
+    "callbacks/_plot.py",
+    "callbacks/_report.py",
+    "callbacks/_scaling_report.py",
+]
 PACKAGE = pathlib.Path(keras_dist.__file__).parent
 
 
@@ -108,6 +120,14 @@ def test_experimental_set_strategy(mirrored):
     assert not keras_dist.has_strategy()
 
 
-def test_cross_device_ops_not_yet_supported():
-    with pytest.raises(NotImplementedError, match="cross_device_ops"):
-        keras_dist.MirroredStrategy(cross_device_ops=object())
+def test_cross_device_ops_accepted():
+    ops = keras_dist.HierarchicalCopyAllReduce(num_packs=0)
+    strategy = keras_dist.MirroredStrategy(["cpu:0", "cpu:1"], cross_device_ops=ops)
+    assert strategy._cross_device_ops == ops
+    assert keras_dist.MirroredStrategy(cross_device_ops=None)._cross_device_ops is None
+
+
+@pytest.mark.parametrize("bad", [object(), "nccl", keras_dist.CrossDeviceOps, keras_dist.NcclAllReduce])
+def test_cross_device_ops_of_the_wrong_type(bad):
+    with pytest.raises(TypeError, match=r"cross_device_ops must be one of keras_dist\.NcclAllReduce\(\)"):
+        keras_dist.MirroredStrategy(cross_device_ops=bad)

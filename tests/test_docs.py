@@ -33,6 +33,7 @@ GUIDES = [
     "guides/distributed_training.md",
     "guides/custom_training_loops.md",
     "guides/multi_worker.md",
+    "guides/performance.md",
 ]
 
 _PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)

@@ -19,7 +19,7 @@ from conftest import BACKEND
 EXPECTED = {
     "common": [
         "keras.src.trainers.trainer:Trainer.__init__",
-        "keras.src.models.model:Model.compile",
+        "keras.src.trainers.trainer:Trainer.compile",
         *(f"keras.src.models.model:Model.{name}" for name in _hooks._ENTRY_POINTS),
         "keras.src.losses.loss:Loss.__call__",
         "keras.src.models.model:Model.save",
@@ -79,6 +79,20 @@ def test_every_hook_is_live_in_a_distributed_workload(mirrored, monkeypatch, tmp
     assert (tmp_path / "model.keras").exists()  # a single-worker job is its own chief
     never = [path for path, count in calls.items() if count == 0]
     assert not never, f"hooks never called: {never}"
+
+
+def test_compile_from_config_still_compiles(tmp_path, recwarn):
+    """Keras compiles loaded and cloned models only if `compile` is its own."""
+    import keras
+
+    model = mlp()
+    model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    clone = keras.models.clone_model(model)
+    clone.compile_from_config(model.get_compile_config())
+    assert loaded.compiled and clone.compiled
+    assert not [w for w in recwarn if "compile()` was not called" in str(w.message)]
 
 
 def test_model_remembers_its_strategy(mirrored):

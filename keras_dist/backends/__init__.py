@@ -24,6 +24,9 @@ class BackendAdapter(Protocol):
     def simulate_cpu_devices(self, count: int) -> None:
         """Splits the host CPU into `count` devices (before first use)."""
 
+    def check_cross_device_ops(self, ops, devices: tuple[str, ...]) -> None:
+        """Raises if this backend cannot carry out the `CrossDeviceOps` `ops`."""
+
     def create_engine(self, strategy) -> Any:
         """Builds the backend object that does the distribution."""
 
@@ -32,6 +35,9 @@ class BackendAdapter(Protocol):
 
     def owns_variable(self, engine, variable) -> bool:
         """True if the Keras `variable` is placed by `engine`."""
+
+    def time_all_reduce(self, engine, shapes_and_dtypes, repeats: int = 5) -> float:
+        """Median seconds to all-reduce buffers of these shapes (a collective)."""
 
 
 def backend_name() -> str:

@@ -4,7 +4,7 @@ from the same initial weights; writes the comparison to OUT/worker<i>.json.
 
 argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks|tfdata]
 With "callbacks", fit also runs Keras' file-writing callbacks on the user's
-paths in OUT_DIR/files with a progress bar, and saves the model there. With
+paths in OUT_DIR/files (and a ScalingReport) with a progress bar, and saves the model there. With
 "tfdata", every worker passes the same batched tf.data datasets instead of
 NumPy arrays (each worker reads its share: auto-shard by data).
 """
@@ -80,6 +80,7 @@ if with_callbacks:
         keras.callbacks.CSVLogger(os.path.join(files, "log.csv")),
         keras.callbacks.BackupAndRestore(os.path.join(files, "backup"), delete_checkpoint=False),
         keras.callbacks.TensorBoard(os.path.join(files, "logs")),
+        keras_dist.callbacks.ScalingReport(plot_path=os.path.join(files, "scaling.png")),
     ]
 fit = model.fit(
     **inputs(x, y), epochs=2, shuffle=False, verbose=2 if with_callbacks else 0, callbacks=callbacks

@@ -13,6 +13,8 @@ inside it; XLA pads and masks the uneven shards.
 from keras_dist.backends.jax._adapter import (  # noqa: F401
     JaxEngine,
     batch_sharding,
+    check_cross_device_ops,
+    compiler_options_for,
     constrain_batch,
     create_engine,
     engine_of_distribution,
@@ -29,6 +31,7 @@ from keras_dist.backends.jax._adapter import (  # noqa: F401
     scope,
     simulate_cpu_devices,
     sync_from_chief,
+    time_all_reduce,
     visible_devices,
 )
 from keras_dist.backends.jax._replica import (  # noqa: F401

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from keras_dist import _devices
+from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
 
 name = "jax"
 BATCH_AXIS = "batch"
@@ -24,6 +25,8 @@ class JaxEngine:
     devices: tuple  # jax.Device objects, in replica order
     mesh: Mesh
     distribution: Any  # keras.distribution.DataParallel
+    #: XLA options for every program compiled for this engine (None: XLA's).
+    compiler_options: Any = None
 
     @property
     def num_replicas(self) -> int:
@@ -141,6 +144,49 @@ class _StrategyDistribution(keras.distribution.DataParallel):
     keras_dist_engine: "JaxEngine | None" = None
 
 
+#: XLA's passes that combine independent all-reduces into one (their names
+#: on CPU, on GPU, and the generic pass). Disabling them leaves one
+#: all-reduce per reduced tensor.
+_ALL_REDUCE_COMBINERS = "cpu-all-reduce-combiner,gpu-all-reduce-combiner,all-reduce-combiner"
+
+
+def check_cross_device_ops(ops, devices) -> None:
+    """Raises if XLA cannot do what `ops` asks (see `compiler_options_for`)."""
+    if ops is None:
+        return
+    name = type(ops).__name__
+    if isinstance(ops, _PackedAllReduce) and ops.num_packs > 1:
+        raise ValueError(
+            f"{name}(num_packs={ops.num_packs}) cannot be honoured on JAX: XLA "
+            "packs a step's all-reduces itself and offers two settings, "
+            "num_packs=1 (all combined into one all-reduce, the default) and "
+            "num_packs=0 (one all-reduce per tensor). Use one of those; "
+            "other pack counts are a TensorFlow-engine setting."
+        )
+    if isinstance(ops, ReductionToOneDevice) and (
+        ops.reduce_to_device is not None or ops.accumulation_fn is not None
+    ):
+        raise ValueError(
+            "ReductionToOneDevice(reduce_to_device=..., accumulation_fn=...) "
+            "are TensorFlow-engine settings: on JAX, XLA's all-reduce leaves "
+            "the sum on every device, with no device or summing function to "
+            "choose. Use keras_dist.ReductionToOneDevice() on JAX."
+        )
+
+
+def compiler_options_for(ops):
+    """XLA compile options that carry out a cross-device ops choice.
+
+    None and ``num_packs=1``: XLA's default, which combines the all-reduces
+    of a step (the gradients' among them) into one. ``num_packs=0`` and
+    `ReductionToOneDevice`: the combiner passes are disabled, so every
+    reduced tensor keeps its own all-reduce.
+    """
+    if ops is None or (isinstance(ops, _PackedAllReduce) and ops.num_packs == 1):
+        return None
+    return {"xla_disable_hlo_passes": _ALL_REDUCE_COMBINERS}
+
+
 def create_engine(strategy) -> JaxEngine:
     by_name = {_canonical(d): d for d in jax.devices()}
     devices = tuple(by_name[d] for d in strategy._engine_devices())
@@ -153,7 +199,12 @@ def create_engine(strategy) -> JaxEngine:
         device_mesh=device_mesh, auto_shard_dataset=False
     )
     mesh = device_mesh.backend_mesh
-    engine = JaxEngine(devices=devices, mesh=mesh, distribution=distribution)
+    engine = JaxEngine(
+        devices=devices,
+        mesh=mesh,
+        distribution=distribution,
+        compiler_options=compiler_options_for(strategy._cross_device_ops),
+    )
     distribution.keras_dist_engine = engine
     return engine
 
@@ -273,3 +324,44 @@ def sync_from_chief(values):
 
     local = [np.asarray(v.addressable_data(0)) for v in values]
     return multihost_utils.broadcast_one_to_all(local)
+
+
+def time_all_reduce(engine: JaxEngine, shapes_and_dtypes, repeats: int = 5) -> float:
+    """Median seconds to all-reduce buffers of these shapes over the engine.
+
+    One compiled program sums one buffer per shape across the replicas, as
+    the training step sums the gradients (same mesh, same compile options,
+    so the same packing); every worker must call it (it is a collective).
+    """
+    if engine.num_replicas == 1 or not shapes_and_dtypes:
+        return 0.0
+    import time
+
+    sharding = NamedSharding(engine.mesh, PartitionSpec(BATCH_AXIS))
+    buffers = []
+    for shape, dtype in shapes_and_dtypes:
+        global_shape = (engine.num_replicas,) + tuple(shape)
+        zeros = np.zeros((1,) + tuple(shape), dtype)
+        buffers.append(
+            jax.make_array_from_callback(global_shape, sharding, lambda index, z=zeros: z)
+        )
+
+    def body(*values):
+        return [jax.lax.psum(value[0], BATCH_AXIS) for value in values]
+
+    program = jax.jit(
+        jax.shard_map(
+            body,
+            mesh=engine.mesh,
+            in_specs=(PartitionSpec(BATCH_AXIS),) * len(buffers),
+            out_specs=[PartitionSpec()] * len(buffers),
+        ),
+        compiler_options=engine.compiler_options,
+    )
+    jax.block_until_ready(program(*buffers))  # compile and warm up
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        jax.block_until_ready(program(*buffers))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

@@ -306,7 +306,8 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
 
     out_specs = tuple(P() if kind == "replicated" else P(BATCH_AXIS) for kind in out_kinds)
     mapped = jax.jit(
-        jax.shard_map(body, mesh=engine.mesh, in_specs=in_specs, out_specs=out_specs)
+        jax.shard_map(body, mesh=engine.mesh, in_specs=in_specs, out_specs=out_specs),
+        compiler_options=engine.compiler_options,
     )
     result_kinds = [
         ("replicated", None) if kind == "replicated"

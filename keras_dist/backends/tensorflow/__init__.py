@@ -13,6 +13,7 @@ every replica.
 """
 
 from keras_dist.backends.tensorflow._adapter import (  # noqa: F401
+    check_cross_device_ops,
     create_engine,
     global_devices,
     global_moments,
@@ -27,6 +28,7 @@ from keras_dist.backends.tensorflow._adapter import (  # noqa: F401
     replica_step,
     scale_factor,
     slice_for_replica,
+    time_all_reduce,
     scope,
     simulate_cpu_devices,
     unscale_factor,

@@ -11,6 +11,7 @@ from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 
 from keras_dist import _devices
+from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
 
 name = "tensorflow"
 _local = threading.local()
@@ -220,10 +221,42 @@ _engines_created = itertools.count(1)
 _COLLECTIVE_KEYS_PER_ENGINE = 100_000
 
 
+def check_cross_device_ops(ops, devices) -> None:
+    """Raises where tf.distribute would fail or be silently wrong."""
+    if ops is None:
+        return
+    if isinstance(ops, HierarchicalCopyAllReduce) and len(devices) > 1 and len(devices) % 2:
+        raise ValueError(
+            f"HierarchicalCopyAllReduce needs an even number of devices on "
+            f"TensorFlow; this strategy has {len(devices)}. TensorFlow's "
+            "algorithm sums two equal halves of the devices, and with an odd "
+            "count it leaves one replica's values out of the sum (silently "
+            "wrong gradients). Use an even number of devices, "
+            "keras_dist.ReductionToOneDevice(), or cross_device_ops=None."
+        )
+    if isinstance(ops, ReductionToOneDevice) and ops.reduce_to_device is not None:
+        _devices.resolve_devices([ops.reduce_to_device], visible_devices())
+
+
+def _tf_cross_device_ops(ops):
+    """The tf.distribute object for a keras_dist cross-device ops choice."""
+    if ops is None:
+        return None
+    if isinstance(ops, ReductionToOneDevice):
+        device = ops.reduce_to_device
+        return tf.distribute.ReductionToOneDevice(
+            reduce_to_device=None if device is None else _tf_device(device),
+            accumulation_fn=ops.accumulation_fn,
+        )
+    # NcclAllReduce, HierarchicalCopyAllReduce: tf.distribute's class of that name
+    return getattr(tf.distribute, type(ops).__name__)(num_packs=ops.num_packs)
+
+
 def create_engine(strategy):
     if len(strategy._engine_devices()) != len(strategy.extended.worker_devices):
         return _multi_worker["engine"]
     devices = [_tf_device(d) for d in strategy.extended.worker_devices]
+    cross_device_ops = _tf_cross_device_ops(strategy._cross_device_ops)
     # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
     # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's
     # input pipeline costs about 2x the step time of plain Keras.
@@ -237,7 +270,7 @@ def create_engine(strategy):
         next(_engines_created) * _COLLECTIVE_KEYS_PER_ENGINE
     )
     try:
-        return engine_class(devices)
+        return engine_class(devices, cross_device_ops=cross_device_ops)
     finally:
         engine_class._collective_key_base = previous
 
@@ -512,3 +545,42 @@ def global_moments(inputs, axes, mask):
     if x.dtype != dtype:
         mean, variance = tf.cast(mean, dtype), tf.cast(variance, dtype)
     return mean, variance
+
+
+def time_all_reduce(engine, shapes_and_dtypes, repeats: int = 5) -> float:
+    """Median seconds to all-reduce buffers of these shapes over the engine.
+
+    One `tf.function` sums one buffer per shape across the replicas with
+    `ReplicaContext.all_reduce`, the path the training step's gradients
+    take (the engine's cross-device ops, its packing). The buffers are put
+    on the replicas' devices beforehand, so only the reduction is timed.
+    """
+    import time
+
+    import numpy as np
+
+    if engine.num_replicas_in_sync == 1 or not shapes_and_dtypes:
+        return 0.0
+    buffers = engine.experimental_distribute_values_from_function(
+        lambda context: [tf.zeros(shape, dtype) for shape, dtype in shapes_and_dtypes]
+    )
+
+    def replica(values):
+        context = tf.distribute.get_replica_context()
+        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+        return tf.add_n([tf.reshape(v, [-1])[0] for v in summed if v.shape.num_elements()])
+
+    @tf.function
+    def program(values):
+        return engine.run(replica, args=(values,))
+
+    def call():
+        engine.experimental_local_results(program(buffers))[0].numpy()
+
+    call()  # trace and warm up
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

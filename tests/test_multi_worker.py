@@ -120,7 +120,7 @@ def test_only_the_chief_writes_files_and_prints_progress(tmp_path):
     assert "Epoch 2/2" in outputs[0] and "Epoch" not in outputs[1]
     assert (files / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in files.iterdir() if p.name.startswith(".scaling_report_")]
-    assert "ScalingReport: 2 replica(s) on jax (2 workers; this one: cpu:0)" in outputs[0]
+    assert f"ScalingReport: 2 replica(s) on {BACKEND} (2 workers; this one: cpu:0)" in outputs[0]
     assert "ScalingReport" not in outputs[1]
     assert not [p for p in private_tmp.iterdir() if p.name.startswith("keras_dist_worker")]
 

@@ -4,28 +4,17 @@ run with a plain single-device run from the same initial weights."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from conftest import BACKEND
+from keras_dist.launch import free_ports as _free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "mw_fit.py")
 CUSTOM_WORKER = os.path.join(ROOT, "tests", "workers", "mw_custom.py")
-
-
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _run_job(tmp_path, num_workers, argv, timeout=240, worker=WORKER):

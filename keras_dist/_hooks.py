@@ -282,8 +282,6 @@ def _private_copy(callback, directory: str):
 
 
 _BACKUP = "keras.src.callbacks.backup_and_restore:BackupAndRestore"
-#: Where a non-chief worker's BackupAndRestore copy writes its backups.
-_PRIVATE_BACKUP_DIR = "_keras_dist_write_dir"
 #: The training metadata, stored in the weights file itself: one rename
 #: commits weights and epoch together.
 _METADATA_ATTRIBUTE = "keras_dist_training_metadata"
@@ -293,9 +291,8 @@ def _private_backup(callback, directory: str):
     """A non-chief worker's BackupAndRestore: restores from the chief's
     backup (the user's `backup_dir`, complete by construction: the chief
     renames finished files into place), writes its own into `directory`."""
-    private = copy.copy(callback)
-    setattr(private, _PRIVATE_BACKUP_DIR, os.path.join(directory, "backup"))
-    private.backup_dir = getattr(private, _PRIVATE_BACKUP_DIR)  # deleted at the end
+    private = copy.copy(callback)  # still reads the user's `_weights_path`
+    private.backup_dir = os.path.join(directory, "backup")  # writes, deletes
     return private
 
 
@@ -304,7 +301,7 @@ def _wrap_backup_save(original):
         strategy = model_strategy(self.model)
         if strategy is None or "://" in str(self.backup_dir):
             return original(self)
-        _save_backup_atomically(self, getattr(self, _PRIVATE_BACKUP_DIR, None))
+        _save_backup_atomically(self)
 
     return _save_model
 
@@ -315,7 +312,7 @@ def _replace_with_copy(source: str, target: str) -> None:
     os.replace(temporary, target)
 
 
-def _save_backup_atomically(callback, private_dir) -> None:
+def _save_backup_atomically(callback) -> None:
     """Keras' backup, with every file written to a temp name then renamed.
 
     The weights file carries the training metadata, so killing the process
@@ -323,7 +320,7 @@ def _save_backup_atomically(callback, private_dir) -> None:
     """
     import h5py
 
-    directory = private_dir or callback.backup_dir
+    directory = callback.backup_dir  # a non-chief's copy: its private dir
     weights = os.path.join(directory, os.path.basename(callback._weights_path))
     metadata_path = os.path.join(
         directory, os.path.basename(callback._training_metadata_path)

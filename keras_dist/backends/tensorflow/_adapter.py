@@ -18,19 +18,25 @@ _local = threading.local()
 
 
 def visible_devices() -> tuple[str, ...]:
-    """This worker's devices (in a TF cluster, TF lists every task's)."""
+    """This worker's devices."""
     engine = _multi_worker["engine"]
-    own = engine.extended._worker_device + "/" if engine is not None else ""
-    return tuple(
-        _devices.canonical_device(d.name)
-        for d in tf.config.list_logical_devices()
-        if not own or _same_task(d.name, own)
+    devices = (
+        tf.config.list_logical_devices()
+        if engine is None
+        else _task_devices(engine.extended._worker_device)
     )
+    return tuple(_devices.canonical_device(d.name) for d in devices)
 
 
-def _same_task(device_name: str, worker_device: str) -> bool:
+def _task_devices(worker_device: str, device_type=None) -> list:
+    """The logical devices of one task ("/job:worker/task:1"): once the
+    cluster's server runs, TF lists the devices of every task."""
     job, task = worker_device.strip("/").split("/")[:2]
-    return f"/{job}/" in device_name + "/" and f"/{task}/" in device_name + "/"
+    return [
+        d
+        for d in tf.config.list_logical_devices(device_type)
+        if f"/{job}/" in d.name and f"/{task}/" in d.name
+    ]
 
 
 def simulate_cpu_devices(count: int) -> None:
@@ -174,12 +180,7 @@ class _LocalCpusCollectiveExtended(
         devices, kind = super()._initialize_local_devices(
             cluster_resolver, worker_device
         )
-        # once the server runs, TF lists the CPUs of every task of the job
-        cpus = [
-            d
-            for d in tf.config.list_logical_devices("CPU")
-            if _same_task(d.name, worker_device)
-        ]
+        cpus = _task_devices(worker_device, "CPU")
         if kind == "CPU" and len(cpus) > 1:
             devices = tuple(
                 f"{worker_device}/device:CPU:{i}" for i in range(len(cpus))

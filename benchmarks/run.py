@@ -22,6 +22,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -59,8 +60,20 @@ def run_one(config, steps, repeats, timeout):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
-        return dict(config, error=done.stderr.strip().splitlines()[-1:] or ["failed"])
+        return dict(config, error=[error_line(done.stderr)])
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def error_line(stderr: str) -> str:
+    """The line of a failed run's stderr that says why it failed."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:  # an XLA/TF fatal check ("F1122 08:50:05 ... why")
+        if re.match(r"F\d{4} ", line):
+            return line
+    for line in reversed(lines):  # else the last line that is not a stack frame
+        if not line.startswith(("@", "***", "File ")):
+            return line
+    return "failed"
 
 
 def machine():
@@ -114,13 +127,16 @@ def write_markdown(rows, results, meta, path):
         )
     errors = [r for r in results if "error" in r]
     if errors:
-        lines += ["", "Failed configurations (the native path's own error):", ""]
-        seen = set()
+        lines += ["", "Failed runs (left out of the medians above; the failing process's own message):", ""]
+        failures = {}
         for r in errors:
             key = (r["model"], r["backend"], r["impl"], r["devices"])
-            if key not in seen:
-                seen.add(key)
-                lines.append(f"- {r['model']} {r['backend']} {r['impl']} x{r['devices']}: `{r['error'][-1][:160]}`")
+            failures.setdefault(key, []).append(r["error"][-1])
+        for (model, backend, impl, devices), messages in sorted(failures.items()):
+            lines.append(
+                f"- {model} {backend} {impl} x{devices}, {len(messages)} of {meta['rounds']} rounds: "
+                f"`{messages[-1][:240]}`"
+            )
     lines += [
         "",
         "Simulated devices share the same cores, so more replicas cannot be faster here than one device; "

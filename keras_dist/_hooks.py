@@ -28,6 +28,9 @@ TensorFlow:
   losses.loss.(un)scale_loss_for_distribution  scale by global-batch share
   BatchNormalization._moments          global-batch moments
   TensorFlowTrainer.make_{train,test,predict}_function  exact steps
+  TensorFlowTrainer._maybe_symbolic_build  skip when all is built (Keras
+                                       otherwise pulls a batch from a fresh
+                                       input iterator on every fit call)
 Instrumentation (not installed; used while a ScalingReport is attached):
   model.train_function                 timed batch fetches and steps
 """
@@ -498,18 +501,31 @@ def _build_jax_function(model, strategy, kind: str):
             outputs = adapter.gather_uneven_outputs(engine, data, outputs)
             return outputs, (state[0], non_trainable_values)
 
-    jitted = jax.jit(
-        step,
-        donate_argnums=0,
-        in_shardings=(state_shardings, None),
-        out_shardings=(None, state_shardings),
-        compiler_options=engine.compiler_options,
-    )
+    def compile_step(data_sharding):
+        return jax.jit(
+            step,
+            donate_argnums=0,
+            in_shardings=(state_shardings, data_sharding),
+            out_shardings=(None, state_shardings),
+            compiler_options=engine.compiler_options,
+        )
+
+    jitted = compile_step(None)  # data placed beforehand (any batch)
+    # Even host batches go straight in: jit splits them onto the devices
+    # itself, with no Python-side placement (the path plain Keras takes).
+    jitted_host = compile_step(adapter.batch_sharding(engine, 1))
+
+    def program_for(data):
+        """The compiled step `data` runs through, and `data` ready for it."""
+        if adapter.splits_evenly_on_entry(engine, data):
+            return jitted_host, data
+        return jitted, adapter.place_host_data(engine, data)
 
     def run_step(state, data):
-        return jitted(state, adapter.place_host_data(engine, data))
+        program, data = program_for(data)
+        return program(state, data)
 
-    run_step.jitted = jitted  # for inspection (tests lower it to HLO)
+    run_step.program_for = program_for  # for inspection (tests lower it to HLO)
     function = model._make_function(run_step, concatenate_outputs=kind == "predict")
     function.step = run_step
     return function
@@ -521,6 +537,8 @@ def _wrap_jax_distribute_data(original):
         engine = adapter.engine_of_distribution(keras.distribution.distribution())
         if engine is None:
             return original(data, layouts)
+        if adapter.splits_evenly_on_entry(engine, data):
+            return data  # the step's jit places it (see _build_jax_function)
         return adapter.place_host_data(engine, data)
 
     return _distribute_data
@@ -558,6 +576,28 @@ def _install_tensorflow() -> None:
         "TensorFlowTrainer.make_predict_function",
         _wrap_tf_make_predict_function,
     )
+    _patch(
+        "keras.src.backend.tensorflow.trainer:"
+        "TensorFlowTrainer._maybe_symbolic_build",
+        _wrap_tf_maybe_symbolic_build,
+    )
+
+
+def _fully_built(model) -> bool:
+    """Whether Keras' symbolic build would find nothing left to build."""
+    compiled = (model._compile_metrics, model._compile_loss, model.optimizer)
+    return all(layer.built for layer in model._flatten_layers()) and all(
+        part is None or part.built for part in compiled
+    )
+
+
+def _wrap_tf_maybe_symbolic_build(original):
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if model_strategy(self) is not None and _fully_built(self):
+            return
+        return original(self, iterator=iterator, data_batch=data_batch)
+
+    return _maybe_symbolic_build
 
 
 def _wrap_tf_optimizer_apply(original):

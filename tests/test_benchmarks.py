@@ -51,3 +51,21 @@ def test_quick_weak_scaling_run(tmp_path):
     assert row["backend"] == BACKEND
     assert row["one_worker_samples_per_second"] > 0 and row["two_workers_samples_per_second"] > 0
     assert f"| {BACKEND} |" in (tmp_path / "WEAK_SCALING.quick.md").read_text()
+
+
+def test_a_failed_run_is_reported_by_its_reason():
+    sys.path.insert(0, "benchmarks")
+    try:
+        import run
+    finally:
+        sys.path.remove("benchmarks")
+    xla_abort = (
+        "I0000 starting\n"
+        "F1122 08:50:05.532686 26969 rendezvous.cc:161] Termination timeout for `all reduce` exceeded.\n"
+        "*** Check failure stack trace: ***\n"
+        "    @     0x7ff56d8a71f5  (unknown)\n"
+    )
+    assert run.error_line(xla_abort).startswith("F1122 08:50:05.532686 26969 rendezvous.cc:161] Termination")
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad input\n'
+    assert run.error_line(traceback) == "ValueError: bad input"
+    assert run.error_line("") == "failed"

@@ -1,6 +1,7 @@
 """The hooks module: every hook installed, every hook live, and code outside
 a strategy bit-for-bit plain Keras."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 
 import keras_dist
 from keras_dist import _hooks
-from _helpers import compile_model, make_data, mlp
+from _helpers import compile_model, make_data, mlp, twin
 from conftest import BACKEND
 
 EXPECTED = {
@@ -39,6 +40,7 @@ EXPECTED = {
             f"keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_{k}_function"
             for k in ("train", "test", "predict")
         ),
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build",
     ],
 }
 
@@ -115,6 +117,63 @@ def test_lazily_created_variables_belong_to_the_strategy(mirrored):
     model.fit(x, y, batch_size=7, verbose=0)
     for variable in model.optimizer.variables + model.metrics_variables:
         assert strategy.extended.variable_created_in_scope(variable), variable.path
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX's batch placement")
+def test_jax_even_host_batches_enter_the_step_unplaced(mirrored):
+    """Even host batches go into the jitted step as they are (jit splits them
+    over the devices, as plain Keras' step takes them); uneven ones are
+    placed first. Both run the same training, exactly."""
+    import jax
+    from keras.src.backend.jax import trainer as jax_trainer
+
+    strategy = mirrored(4)
+    x, y = make_data(43)
+    with strategy.scope():
+        even = jax_trainer._distribute_data((x[:8], y[:8]))
+        uneven = jax_trainer._distribute_data((x[:6], y[:6]))
+    assert all(type(leaf) is np.ndarray for leaf in even)
+    assert all(isinstance(leaf, jax.Array) for leaf in uneven)
+
+    reference, distributed = twin(strategy)
+    for model in (reference, distributed):  # 5 batches of 8 rows, then 3
+        model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    program_for = distributed.train_function.step.program_for
+    host_program, host_data = program_for((x[:8], y[:8]))
+    placed_program, placed_data = program_for((x[:3], y[:3]))
+    assert host_program is not placed_program
+    assert all(type(leaf) is np.ndarray for leaf in host_data)
+    assert all(isinstance(leaf, jax.Array) for leaf in placed_data)
+    for a, b in zip(reference.get_weights(), distributed.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's symbolic build")
+def test_tensorflow_fit_draws_the_same_batches_as_plain_keras(mirrored):
+    """Keras builds models symbolically under tf.distribute by pulling a batch
+    from a fresh input iterator on every fit; keras_dist skips that once the
+    model is built, so a PyDataset is read as often as in plain Keras."""
+    x, y = make_data(40)
+
+    class Counting(keras.utils.PyDataset):
+        reads = 0
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            Counting.reads += 1
+            return x[index * 10 : (index + 1) * 10], y[index * 10 : (index + 1) * 10]
+
+    reads = {}
+    for name, strategy in (("plain", None), ("mirrored", mirrored(2))):
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            model = compile_model(mlp())
+        model.fit(Counting(), epochs=1, verbose=0)  # builds everything
+        Counting.reads = 0
+        model.fit(Counting(), epochs=1, verbose=0)
+        reads[name] = Counting.reads
+    assert reads["mirrored"] == reads["plain"], reads
 
 
 _PLAIN_SCRIPT = textwrap.dedent(

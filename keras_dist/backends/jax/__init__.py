@@ -30,6 +30,7 @@ from keras_dist.backends.jax._adapter import (  # noqa: F401
     replicated_sharding,
     scope,
     simulate_cpu_devices,
+    splits_evenly_on_entry,
     sync_from_chief,
     time_all_reduce,
     visible_devices,

@@ -280,6 +280,27 @@ def place_host_data(engine: JaxEngine, data):
     return jax.tree_util.tree_map(place, data)
 
 
+def splits_evenly_on_entry(engine: JaxEngine, data) -> bool:
+    """Whether a jitted step can take `data` as is, split by rows on entry.
+
+    True for host (numpy) batches whose rows divide evenly over the
+    replicas of a single-process engine; jit then transfers them in C++
+    (as it does for plain Keras). Everything else is placed beforehand
+    with `place_host_data`.
+    """
+    if is_multi_process():
+        return False
+    leaves = jax.tree_util.tree_leaves(data)
+    if not leaves:
+        return False
+    for leaf in leaves:
+        if type(leaf) is not np.ndarray or leaf.ndim == 0:
+            return False
+        if leaf.shape[0] % engine.num_replicas:
+            return False
+    return True
+
+
 def _is_uneven(engine: JaxEngine, data) -> bool:
     leaves = [x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
     return bool(leaves) and leaves[0].shape[0] % engine.num_replicas != 0

@@ -22,7 +22,8 @@ Hooks (all backends):
   losses.Loss.__call__                 refuse per-replica averaging in run()
 JAX:
   JAXTrainer.make_{train,test,predict}_function  shard the batch in-step
-  backend.jax.trainer._distribute_data  place batches (uneven ones too)
+  backend.jax.trainer._distribute_data  leave batches to the step, which
+                                       places them (uneven ones too)
 TensorFlow:
   optimizers.BaseOptimizer.apply       build slots outside replicas in run()
   losses.loss.(un)scale_loss_for_distribution  scale by global-batch share
@@ -537,9 +538,7 @@ def _wrap_jax_distribute_data(original):
         engine = adapter.engine_of_distribution(keras.distribution.distribution())
         if engine is None:
             return original(data, layouts)
-        if adapter.splits_evenly_on_entry(engine, data):
-            return data  # the step's jit places it (see _build_jax_function)
-        return adapter.place_host_data(engine, data)
+        return data  # the step places it (`program_for` in _build_jax_function)
 
     return _distribute_data
 

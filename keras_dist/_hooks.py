@@ -429,6 +429,49 @@ def _wrap_loss_call(original):
     return __call__
 
 
+# -- per-replica steps (TensorFlow; JAX multi-process CPU) -------------------
+
+
+def _install_replica_step_hooks() -> None:
+    """Loss scaling and global BatchNorm moments inside per-replica steps."""
+    _patch(
+        "keras.src.losses.loss:scale_loss_for_distribution",
+        _wrap_scale("scale_factor"),
+    )
+    _patch(
+        "keras.src.losses.loss:unscale_loss_for_distribution",
+        _wrap_scale("unscale_factor"),
+    )
+    _patch(
+        "keras.src.layers.normalization.batch_normalization:"
+        "BatchNormalization._moments",
+        _wrap_moments,
+    )
+
+
+def _wrap_scale(factor_name: str):
+    def make(original):
+        def scale(value):
+            factor = getattr(get_adapter(), factor_name)(value.dtype)
+            if factor is None:
+                return original(value)
+            return keras.ops.multiply(value, factor)
+
+        return scale
+
+    return make
+
+
+def _wrap_moments(original):
+    def _moments(self, inputs, mask):
+        adapter = get_adapter()
+        if not adapter.in_replica_step():
+            return original(self, inputs, mask)
+        return adapter.global_moments(inputs, self._reduction_axes, mask)
+
+    return _moments
+
+
 # -- JAX ------------------------------------------------------------------
 
 
@@ -439,6 +482,18 @@ def _install_jax() -> None:
             _wrap_jax_make_function(kind),
         )
     _patch("keras.src.backend.jax.trainer:_distribute_data", _wrap_jax_distribute_data)
+    # The per-replica training step (backends/jax/_replica_step.py): the
+    # same loss scaling and BatchNormalization moments as on TensorFlow,
+    # plus the packed gradient sum.
+    _install_replica_step_hooks()
+    _patch(
+        "keras.src.trainers.trainer:Trainer._aggregate_additional_loss",
+        _wrap_jax_additional_loss,
+    )
+    _patch(
+        "keras.src.backend.jax.trainer:JAXTrainer.compute_loss_and_updates",
+        _wrap_jax_compute_loss_and_updates,
+    )
 
 
 def _wrap_jax_make_function(kind: str):
@@ -502,9 +557,9 @@ def _build_jax_function(model, strategy, kind: str):
             outputs = adapter.gather_uneven_outputs(engine, data, outputs)
             return outputs, (state[0], non_trainable_values)
 
-    def compile_step(data_sharding):
+    def compile_step(data_sharding, function=step):
         return jax.jit(
-            step,
+            function,
             donate_argnums=0,
             in_shardings=(state_shardings, data_sharding),
             out_shardings=(None, state_shardings),
@@ -515,9 +570,16 @@ def _build_jax_function(model, strategy, kind: str):
     # Even host batches go straight in: jit splits them onto the devices
     # itself, with no Python-side placement (the path plain Keras takes).
     jitted_host = compile_step(adapter.batch_sharding(engine, 1))
+    # Multi-process CPU: even batches train per replica, gradients summed
+    # in one packed all-reduce (backends/jax/_replica_step.py).
+    jitted_replica = None
+    if kind == "train" and adapter.engine_trains_per_replica(engine) and _trains_exactly_per_replica(model):
+        jitted_replica = compile_step(None, adapter.make_replica_train_step(engine, model))
 
     def program_for(data):
         """The compiled step `data` runs through, and `data` ready for it."""
+        if jitted_replica is not None and adapter.replica_step_takes(engine, data):
+            return jitted_replica, adapter.place_host_data(engine, data)
         if adapter.splits_evenly_on_entry(engine, data):
             return jitted_host, data
         return jitted, adapter.place_host_data(engine, data)
@@ -527,9 +589,25 @@ def _build_jax_function(model, strategy, kind: str):
         return program(state, data)
 
     run_step.program_for = program_for  # for inspection (tests lower it to HLO)
+    run_step.replica_program = jitted_replica
     function = model._make_function(run_step, concatenate_outputs=kind == "predict")
     function.step = run_step
     return function
+
+
+def _trains_exactly_per_replica(model) -> bool:
+    """Whether a per-replica JAX step trains `model` as one device would:
+    Keras' own `train_step` and `compute_loss_and_updates` (whose hook sums
+    the gradients), and no random layers (each replica would draw its own
+    numbers where one device draws them for the whole batch)."""
+    from keras.src.backend.jax.trainer import JAXTrainer
+
+    cls = type(model)
+    return (
+        cls.train_step is JAXTrainer.train_step
+        and cls.compute_loss_and_updates is JAXTrainer.compute_loss_and_updates
+        and not any(getattr(layer, "_seed_generators", None) for layer in model._flatten_layers())
+    )
 
 
 def _wrap_jax_distribute_data(original):
@@ -543,6 +621,38 @@ def _wrap_jax_distribute_data(original):
     return _distribute_data
 
 
+def _wrap_jax_additional_loss(original):
+    """Regularization and `add_loss` terms: scaled like the loss per replica
+    (Keras' TensorFlow trainer does the same for tf.distribute)."""
+
+    def _aggregate_additional_loss(self, loss):
+        loss = original(self, loss)
+        factor = get_adapter().scale_factor(loss.dtype)
+        return loss if factor is None else keras.ops.multiply(loss, factor)
+
+    return _aggregate_additional_loss
+
+
+def _wrap_jax_compute_loss_and_updates(original):
+    """In a per-replica training step: the gradients of the trainable
+    variables are summed over replicas (one packed all-reduce), and the
+    loss handed to the loss tracker is unscaled, as Keras' TensorFlow
+    trainer does."""
+
+    def compute_loss_and_updates(self, trainable_variables, *args, training=False, **kwargs):
+        adapter = get_adapter()
+        if not (training and adapter.in_replica_step()):
+            return original(self, trainable_variables, *args, training=training, **kwargs)
+        trainable_variables = adapter.sum_gradients_over_replicas(trainable_variables)
+        loss, (unscaled_loss, *aux) = original(
+            self, trainable_variables, *args, training=training, **kwargs
+        )
+        unscaled_loss = unscaled_loss * adapter.unscale_factor(unscaled_loss.dtype)
+        return loss, (unscaled_loss, *aux)
+
+    return compute_loss_and_updates
+
+
 # -- TensorFlow -----------------------------------------------------------
 
 
@@ -551,19 +661,7 @@ def _install_tensorflow() -> None:
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
         _wrap_tf_optimizer_apply,
     )
-    _patch(
-        "keras.src.losses.loss:scale_loss_for_distribution",
-        _wrap_tf_scale("scale_factor"),
-    )
-    _patch(
-        "keras.src.losses.loss:unscale_loss_for_distribution",
-        _wrap_tf_scale("unscale_factor"),
-    )
-    _patch(
-        "keras.src.layers.normalization.batch_normalization:"
-        "BatchNormalization._moments",
-        _wrap_tf_moments,
-    )
+    _install_replica_step_hooks()
     for kind in ("train", "test"):
         _patch(
             f"keras.src.backend.tensorflow.trainer:"
@@ -619,29 +717,6 @@ def _wrap_tf_optimizer_apply(original):
         return original(self, grads, trainable_variables)
 
     return apply
-
-
-def _wrap_tf_scale(factor_name: str):
-    def make(original):
-        def scale(value):
-            factor = getattr(get_adapter(), factor_name)(value.dtype)
-            if factor is None:
-                return original(value)
-            return keras.ops.multiply(value, factor)
-
-        return scale
-
-    return make
-
-
-def _wrap_tf_moments(original):
-    def _moments(self, inputs, mask):
-        adapter = get_adapter()
-        if not adapter.in_replica_step():
-            return original(self, inputs, mask)
-        return adapter.global_moments(inputs, self._reduction_axes, mask)
-
-    return _moments
 
 
 def _distributed_engine(model):

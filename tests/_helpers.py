@@ -47,13 +47,26 @@ def make_metrics():
     ]
 
 
-def mlp(batch_norm: bool = False, seed: int = 1):
+def mlp(batch_norm: bool = False, seed: int = 1, regularizer=None):
     keras.utils.set_random_seed(seed)
-    layers = [keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu")]
+    layers = [
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer),
+    ]
     if batch_norm:
         layers.append(keras.layers.BatchNormalization())
     layers.append(keras.layers.Dense(1, activation="sigmoid"))
     return keras.Sequential(layers)
+
+
+def two_heads(seed: int = 1):
+    """A model with two outputs, "a" and "b" (Keras logs a loss per output)."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((FEATURES,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    a = keras.layers.Dense(1, activation="sigmoid", name="a")(hidden)
+    b = keras.layers.Dense(1, name="b")(hidden)
+    return keras.Model(inputs, {"a": a, "b": b})
 
 
 def make_optimizer(name: str):

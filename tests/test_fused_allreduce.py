@@ -67,6 +67,23 @@ def test_jax_step_has_one_all_reduce_for_all_gradients(mirrored, ops):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="inspects XLA HLO of the JAX step")
+def test_jax_per_replica_step_sums_all_gradients_as_one_flat_buffer(mirrored, monkeypatch):
+    """The multi-process CPU step (forced on here): gloo runs each operand of
+    an all-reduce as its own collective, so the gradients travel as ONE
+    buffer, not one operand per variable."""
+    from keras_dist.backends.jax import _replica_step
+
+    monkeypatch.setattr(_replica_step, "POLICY", "always")
+    strategy = mirrored(4)
+    model, x, y = _mlp_fit(strategy)
+    assert model.train_function.step.program_for((x, y))[0] is model.train_function.step.replica_program
+    operands = _jax_all_reduce_operands(strategy, model, x, y)
+    assert len(operands) == 1, operands  # XLA combines it with the metrics' sum
+    assert sum(_gradient_sizes(model)) in operands[0], operands
+    assert len(operands[0]) == 2, operands  # gradients + the loss tracker's total and count
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="inspects XLA HLO of the JAX step")
 @pytest.mark.parametrize(
     "ops", [keras_dist.HierarchicalCopyAllReduce(num_packs=0), keras_dist.ReductionToOneDevice()], ids=repr
 )

@@ -14,7 +14,7 @@ import pytest
 
 import keras_dist
 from keras_dist import _hooks
-from _helpers import compile_model, make_data, mlp, twin
+from _helpers import compile_model, make_data, mlp, twin, two_heads
 from conftest import BACKEND
 
 EXPECTED = {
@@ -26,16 +26,19 @@ EXPECTED = {
         "keras.src.models.model:Model.save",
         "keras.src.callbacks.backup_and_restore:BackupAndRestore._save_model",
         "keras.src.callbacks.backup_and_restore:BackupAndRestore._load_model",
+        # per-replica steps (TensorFlow; JAX multi-process CPU)
+        "keras.src.losses.loss:scale_loss_for_distribution",
+        "keras.src.losses.loss:unscale_loss_for_distribution",
+        "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
     ],
     "jax": [
         *(f"keras.src.backend.jax.trainer:JAXTrainer.make_{k}_function" for k in ("train", "test", "predict")),
         "keras.src.backend.jax.trainer:_distribute_data",
+        "keras.src.trainers.trainer:Trainer._aggregate_additional_loss",
+        "keras.src.backend.jax.trainer:JAXTrainer.compute_loss_and_updates",
     ],
     "tensorflow": [
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
-        "keras.src.losses.loss:scale_loss_for_distribution",
-        "keras.src.losses.loss:unscale_loss_for_distribution",
-        "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
         *(
             f"keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_{k}_function"
             for k in ("train", "test", "predict")
@@ -54,7 +57,13 @@ def test_exactly_the_expected_hooks_are_installed():
 
 
 def test_every_hook_is_live_in_a_distributed_workload(mirrored, monkeypatch, tmp_path):
-    """Count calls to each hook over fit/evaluate/predict/*_on_batch."""
+    """Count calls to each hook over fit/evaluate/predict/*_on_batch (on JAX
+    with the per-replica training step forced on, as multi-process CPU jobs
+    take it)."""
+    if BACKEND == "jax":
+        from keras_dist.backends.jax import _replica_step
+
+        monkeypatch.setattr(_replica_step, "POLICY", "always")
     calls = dict.fromkeys(_hooks.ORIGINALS, 0)
     for path in _hooks.ORIGINALS:
         owner, name = _hooks._resolve(path)
@@ -68,7 +77,7 @@ def test_every_hook_is_live_in_a_distributed_workload(mirrored, monkeypatch, tmp
 
     x, y = make_data(43)
     with mirrored(4).scope():
-        model = mlp(batch_norm=True)
+        model = mlp(batch_norm=True, regularizer="l2")
     model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
     model.fit(x, y, batch_size=10, verbose=0, callbacks=[backup])
@@ -79,6 +88,10 @@ def test_every_hook_is_live_in_a_distributed_workload(mirrored, monkeypatch, tmp
     model.predict_on_batch(x[:6])
     model.save(tmp_path / "model.keras")
     assert (tmp_path / "model.keras").exists()  # a single-worker job is its own chief
+    with mirrored(4).scope():  # Keras logs a loss per output
+        heads = two_heads()
+    heads.compile(optimizer="sgd", loss={"a": "binary_crossentropy", "b": "mse"})
+    heads.fit(x, {"a": y, "b": y}, batch_size=8, verbose=0)
     never = [path for path, count in calls.items() if count == 0]
     assert not never, f"hooks never called: {never}"
 

@@ -39,6 +39,19 @@ class BackendAdapter(Protocol):
     def time_all_reduce(self, engine, shapes_and_dtypes, repeats: int = 5) -> float:
         """Median seconds to all-reduce buffers of these shapes (a collective)."""
 
+    # Per-replica steps (the loss and BatchNormalization hooks ask these):
+    def in_replica_step(self) -> bool:
+        """True while a Keras step is being traced as one replica of many."""
+
+    def scale_factor(self, dtype) -> Any:
+        """This replica's rows / global rows inside such a step, else None."""
+
+    def unscale_factor(self, dtype) -> Any:
+        """The inverse of `scale_factor`, else None."""
+
+    def global_moments(self, inputs, axes, mask) -> tuple:
+        """BatchNormalization mean and variance over the global batch."""
+
 
 def backend_name() -> str:
     import keras

@@ -36,7 +36,7 @@ def make():  # deliberately unseeded: workers start from different weights
     return keras.Sequential(
         [
             keras.Input((8,)),
-            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(16, activation="relu", kernel_regularizer="l2"),
             keras.layers.BatchNormalization(),
             keras.layers.Dense(1, activation="sigmoid"),
         ]
@@ -106,6 +106,13 @@ result = {
     "predict_shape": list(predicted.shape),
     "predict_diff": float(np.max(np.abs(predicted - predicted_ref))),
 }
+if keras.backend.backend() == "jax":  # which program an even batch trains through
+    from keras_dist.backends.jax import _gloo
+
+    step = model.train_function.step
+    even = (x[: strategy.num_replicas_in_sync], y[: strategy.num_replicas_in_sync])
+    result["even_batch_per_replica"] = step.program_for(even)[0] is step.replica_program
+    result["gloo_event_loops_idle"] = [os.sched_getscheduler(t) == os.SCHED_IDLE for t in _gloo.gloo_event_loop_threads()]
 path = os.path.join(out_dir, f"worker{index}.json")
 with open(path + ".tmp", "w") as handle:
     json.dump(result, handle)

@@ -7,7 +7,9 @@ partitioner splits the work and inserts the all-reduces. Because the step
 is written on global arrays, losses, metrics and BatchNorm statistics are
 those of the global batch, exactly as on one device. Batches that do not
 divide by the replica count are handed to the step replicated and sharded
-inside it; XLA pads and masks the uneven shards.
+inside it; XLA pads and masks the uneven shards. Multi-process CPU jobs
+train even batches per replica instead, with one packed gradient
+all-reduce (see `_replica_step`).
 """
 
 from keras_dist.backends.jax._adapter import (  # noqa: F401
@@ -35,6 +37,16 @@ from keras_dist.backends.jax._adapter import (  # noqa: F401
     time_all_reduce,
     visible_devices,
 )
+from keras_dist.backends.jax._replica_step import (  # noqa: F401
+    global_moments,
+    in_replica_step,
+    scale_factor,
+    sum_gradients_over_replicas,
+    unscale_factor,
+)
+from keras_dist.backends.jax._replica_step import engine_trains_per_replica  # noqa: F401
+from keras_dist.backends.jax._replica_step import make_train_step as make_replica_train_step  # noqa: F401
+from keras_dist.backends.jax._replica_step import takes as replica_step_takes  # noqa: F401
 from keras_dist.backends.jax._replica import (  # noqa: F401
     JaxPerReplica,
     combine_replica_batches,

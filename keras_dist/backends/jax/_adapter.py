@@ -97,6 +97,10 @@ def initialize_multi_worker(resolver, options) -> None:
 
     seed = multihost_utils.broadcast_one_to_all(np.int64(np.random.randint(2**31 - 1)))
     keras.utils.set_random_seed(int(seed))
+    if all(d.platform == "cpu" for d in jax.local_devices()):
+        from keras_dist.backends.jax import _gloo
+
+        _gloo.yield_event_loop()  # that collective started gloo
 
 
 _PEER_FAILURE_TEXTS = ("Connection reset", "Connection closed", "Socket closed", "heartbeat", "Gloo", "gloo")
@@ -352,11 +356,20 @@ def time_all_reduce(engine: JaxEngine, shapes_and_dtypes, repeats: int = 5) -> f
 
     One compiled program sums one buffer per shape across the replicas, as
     the training step sums the gradients (same mesh, same compile options,
-    so the same packing); every worker must call it (it is a collective).
+    so the same packing; one flat buffer where the step trains per
+    replica); every worker must call it (it is a collective).
     """
     if engine.num_replicas == 1 or not shapes_and_dtypes:
         return 0.0
     import time
+
+    from keras_dist.backends.jax import _replica_step
+
+    if _replica_step.engine_trains_per_replica(engine):  # one flat buffer per dtype
+        sizes = {}
+        for shape, dtype in shapes_and_dtypes:
+            sizes[dtype] = sizes.get(dtype, 0) + int(np.prod(shape))
+        shapes_and_dtypes = [((size,), dtype) for dtype, size in sizes.items()]
 
     sharding = NamedSharding(engine.mesh, PartitionSpec(BATCH_AXIS))
     buffers = []

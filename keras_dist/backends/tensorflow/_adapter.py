@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 
-from keras_dist import _devices
+from keras_dist import _devices, _moments
 from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
 
 name = "tensorflow"
@@ -495,57 +495,13 @@ def _concat(tensors):
 
 
 def global_moments(inputs, axes, mask):
-    """Mean and variance over the global batch, as one device computes them.
-
-    Two passes (mean first, then squared deviations), each all-reduced
-    across replicas; with a mask, Keras' masked formula (weights + epsilon).
-    """
-    import keras
-
+    """BatchNormalization moments over the global batch (see `keras_dist._moments`)."""
     context = tf.distribute.get_replica_context()
-    dtype = inputs.dtype
-    x = tf.cast(inputs, tf.float32) if dtype in (tf.float16, tf.bfloat16) else inputs
-    axes = list(axes)
-    if mask is None:
-        weights = None
-        local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
-        ones = tf.ones_like(x)
-        local_count = tf.reduce_sum(ones, axis=axes, keepdims=True)
-        total, count = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, [local_sum, local_count]
-        )
-        mean = tf.math.divide_no_nan(total, count)
-        deviation = tf.math.squared_difference(x, tf.stop_gradient(mean))
-        squares = context.all_reduce(
-            tf.distribute.ReduceOp.SUM,
-            tf.reduce_sum(deviation, axis=axes, keepdims=True),
-        )
-        variance = tf.math.divide_no_nan(squares, count)
-        mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
-    else:
-        weights = tf.cast(
-            tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(x)), tf.bool
-        )
-        masked = tf.where(weights, x, tf.zeros_like(x))
-        local_sum = tf.reduce_sum(masked, axis=axes, keepdims=True)
-        local_weight = tf.reduce_sum(
-            tf.cast(weights, x.dtype), axis=axes, keepdims=True
-        )
-        total, weight = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, [local_sum, local_weight]
-        )
-        epsilon = tf.cast(keras.config.epsilon(), x.dtype)
-        mean = total / (weight + epsilon)
-        deviation = tf.where(weights, x - mean, tf.zeros_like(x))
-        squares = context.all_reduce(
-            tf.distribute.ReduceOp.SUM,
-            tf.reduce_sum(tf.square(deviation), axis=axes, keepdims=True),
-        )
-        variance = squares / (weight + epsilon)
-        mean, variance = tf.squeeze(mean), tf.squeeze(variance)
-    if x.dtype != dtype:
-        mean, variance = tf.cast(mean, dtype), tf.cast(variance, dtype)
-    return mean, variance
+
+    def all_reduce_sum(values):
+        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
+
+    return _moments.global_moments(inputs, axes, mask, all_reduce_sum)
 
 
 def time_all_reduce(engine, shapes_and_dtypes, repeats: int = 5) -> float:

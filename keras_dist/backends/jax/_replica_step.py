@@ -1,0 +1,207 @@
+"""JAX: a training step run per replica, with one packed gradient all-reduce.
+
+The default JAX step is written on global arrays and XLA's SPMD partitioner
+inserts the all-reduces. XLA combines them into one tuple all-reduce, but
+on CPU its gloo collectives run each tuple element as its own all-reduce,
+and each costs a round of socket traffic (and, with one core per worker,
+the wait for gloo's busy event loop to yield the core). So for
+multi-process CPU jobs the training step runs instead as one replica of
+many under `jax.shard_map`, as the TensorFlow engine runs it:
+
+- each replica runs Keras' own `train_step` on its rows; the hooks scale
+  its loss by local rows / global rows (`scale_factor`), and
+  BatchNormalization takes moments over the global batch (`global_moments`);
+- the gradients are summed across replicas in ONE all-reduce of one flat
+  buffer (`sum_gradients_over_replicas`, applied by the
+  `compute_loss_and_updates` hook), so every replica applies the same
+  update;
+- metric variables are combined by their aggregation in one more packed
+  all-reduce, and the logs are computed from the combined values.
+
+It is taken only where it computes what one device computes: batches that
+divide evenly over the replicas (`takes`), default packing
+(`engine_trains_per_replica`), and models that use Keras' own `train_step`
+and `compute_loss_and_updates` and have no random layers (each replica
+would draw its own numbers; checked in `keras_dist._hooks`). Everything
+else keeps the SPMD step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from keras_dist import _moments
+from keras_dist.backends.jax import _adapter
+from keras_dist.backends.jax._adapter import BATCH_AXIS
+
+_local = threading.local()
+
+#: "auto": multi-process CPU engines only; "always"/"never" (tests).
+POLICY = "auto"
+
+
+class _Shard:
+    def __init__(self, local_rows: int, global_rows: int):
+        self.local_rows = local_rows
+        self.global_rows = global_rows
+
+
+@contextlib.contextmanager
+def _shard_scope(shard):
+    previous = getattr(_local, "shard", None)
+    _local.shard = shard
+    try:
+        yield
+    finally:
+        _local.shard = previous
+
+
+def in_replica_step() -> bool:
+    return getattr(_local, "shard", None) is not None
+
+
+def scale_factor(dtype):
+    """This replica's share of the global batch, or None outside a step."""
+    shard = getattr(_local, "shard", None)
+    if shard is None:
+        return None
+    return jnp.asarray(shard.local_rows / shard.global_rows, dtype)
+
+
+def unscale_factor(dtype):
+    shard = getattr(_local, "shard", None)
+    if shard is None:
+        return None
+    return jnp.asarray(shard.global_rows / shard.local_rows, dtype)
+
+
+def packed_psum(values):
+    """Sums a list of arrays across replicas, one all-reduce per dtype.
+
+    The arrays are flattened into one buffer per dtype, summed, and cut
+    back into their shapes.
+    """
+    values = list(values)
+    out = [None] * len(values)
+    by_dtype = {}
+    for index, value in enumerate(values):
+        by_dtype.setdefault(jnp.result_type(value), []).append(index)
+    for indices in by_dtype.values():
+        flat = jnp.concatenate([jnp.ravel(values[i]) for i in indices])
+        summed = jax.lax.psum(flat, BATCH_AXIS)
+        offset = 0
+        for i in indices:
+            size = int(np.prod(np.shape(values[i])))
+            out[i] = summed[offset : offset + size].reshape(np.shape(values[i]))
+            offset += size
+    return out
+
+
+def sum_gradients_over_replicas(values):
+    """Identity on `values`; their gradients are summed across replicas.
+
+    The backward pass sums all cotangents in one packed all-reduce.
+    """
+
+    @jax.custom_vjp
+    def identity(values):
+        return values
+
+    def forward(values):
+        return values, None
+
+    def backward(_, cotangents):
+        return (packed_psum(cotangents),)
+
+    identity.defvjp(forward, backward)
+    return identity(list(values))
+
+
+def global_moments(inputs, axes, mask):
+    """BatchNormalization moments over the global batch (see `keras_dist._moments`)."""
+    return _moments.global_moments(inputs, axes, mask, packed_psum)
+
+
+def engine_trains_per_replica(engine) -> bool:
+    """Whether `engine` runs per-replica steps (for the models that can)."""
+    if POLICY == "never" or engine.num_replicas == 1 or engine.compiler_options is not None:
+        return False
+    return POLICY == "always" or (
+        _adapter.is_multi_process() and all(d.platform == "cpu" for d in engine.devices)
+    )
+
+
+def takes(engine, data) -> bool:
+    """Whether a batch can go through the per-replica step (even rows)."""
+    leaves = [x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
+    return bool(leaves) and all(x.shape[0] % engine.num_replicas == 0 for x in leaves)
+
+
+def _combine_metric_variables(variables, old, new, num_replicas):
+    """Each metric variable's value over all replicas, by its aggregation.
+
+    "sum": the old value plus every replica's change; "mean": the mean;
+    "only_first_replica": replica 0's; anything else stays as is.
+    """
+    combined = list(new)
+    summed = [i for i, v in enumerate(variables) if v.aggregation == "sum"]
+    averaged = [i for i, v in enumerate(variables) if v.aggregation == "mean"]
+    first = [i for i, v in enumerate(variables) if v.aggregation == "only_first_replica"]
+    is_first = jax.lax.axis_index(BATCH_AXIS) == 0
+    parts = (
+        [new[i] - old[i] for i in summed]
+        + [new[i] for i in averaged]
+        + [jnp.where(is_first, new[i], jnp.zeros_like(new[i])) for i in first]
+    )
+    if not parts:
+        return combined
+    reduced = iter(packed_psum(parts))
+    for i in summed:
+        combined[i] = old[i] + next(reduced)
+    for i in averaged:
+        combined[i] = (next(reduced) / num_replicas).astype(new[i].dtype)
+    for i in first:
+        combined[i] = next(reduced)
+    return combined
+
+
+def make_train_step(engine, model):
+    """`step(state, data) -> (logs, state)` to jit: Keras' step per replica."""
+    num = engine.num_replicas
+
+    def body(state, data):
+        local_rows = next(x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1).shape[0]
+        with _shard_scope(_Shard(local_rows, local_rows * num)):
+            logs, new_state = model.train_step(state, data)
+        *rest, metrics = new_state
+        variables = model.metrics_variables
+        metrics = _combine_metric_variables(variables, list(state[3]), list(metrics), num)
+        if isinstance(logs, dict):
+            with keras.StatelessScope(state_mapping=list(zip(variables, metrics))):
+                results = model.get_metrics_result()
+            logs = {
+                key: results[key] if key in results else jax.lax.pmean(value, BATCH_AXIS)
+                for key, value in logs.items()
+            }
+        else:
+            logs = jax.tree_util.tree_map(lambda v: jax.lax.pmean(v, BATCH_AXIS), logs)
+        return logs, (*rest, metrics)
+
+    def step(state, data):
+        specs = jax.tree_util.tree_map(lambda x: None if x is None else P(BATCH_AXIS), data)
+        return jax.shard_map(
+            body,
+            mesh=engine.mesh,
+            in_specs=(P(), specs),
+            out_specs=(P(), P()),
+            check_vma=False,  # gradients are summed by hand, once, packed
+        )(state, data)
+
+    return step

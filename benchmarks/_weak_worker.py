@@ -59,8 +59,14 @@ timer = Timer()
 # epoch 0 compiles (warm-up); each further epoch is one timed measurement
 model.fit(x, y, batch_size=global_batch, epochs=repeats + 1, shuffle=False, verbose=0, callbacks=[timer])
 seconds = statistics.median(timer.epochs[1:])
+idle = None  # JAX: whether gloo's event loops were moved to SCHED_IDLE (one core each)
+if backend == "jax" and workers > 1:
+    from keras_dist.backends.jax import _gloo
+
+    idle = [os.sched_getscheduler(t) == os.SCHED_IDLE for t in _gloo.gloo_event_loop_threads()]
 if strategy.extended.should_checkpoint:
     print(json.dumps({
+        "gloo_event_loops_idle": idle,
         "backend": backend,
         "workers": workers,
         "per_worker_batch": per_worker,

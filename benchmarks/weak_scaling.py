@@ -79,6 +79,8 @@ def main(argv=None):
             for workers in (1, 2):
                 result = run_job(backend, workers, args.batch, args.steps, args.repeats, timeout=600)
                 samples[workers].append(result["samples_per_second"])
+                if workers == 2:
+                    idle = result["gloo_event_loops_idle"]
                 print(json.dumps(result), flush=True)
         one, two = statistics.median(samples[1]), statistics.median(samples[2])
         rows.append({
@@ -88,6 +90,7 @@ def main(argv=None):
             "two_workers_samples_per_second": two,
             "efficiency": two / (2 * one),
             "rounds": args.rounds,
+            "gloo_event_loops_idle": idle,
         })
     suffix = ".quick" if args.quick else ""
     (args.output / "results").mkdir(parents=True, exist_ok=True)

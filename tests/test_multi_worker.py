@@ -62,9 +62,9 @@ def test_two_workers_match_single_device(tmp_path, devices_per_worker):
             assert abs(result["evaluate"][key] - value) <= 1e-6, key
         for key, value in result["fit_ref"].items():
             assert abs(result["fit"][key] - value) <= 1e-5, key
-        if BACKEND == "jax":  # CPU jobs: even batches per replica, gloo's loop yields
-            assert result["even_batch_per_replica"]
-            assert result["gloo_event_loops_idle"] and all(result["gloo_event_loops_idle"])
+        if BACKEND == "jax":  # CPU jobs: even batches per replica; workers with
+            assert result["even_batch_per_replica"]  # several cores keep gloo's loop
+            assert result["gloo_event_loops_idle"] and not any(result["gloo_event_loops_idle"])
     # identical initial weights without seeding; only the chief checkpoints
     assert results[0]["initial_checksum"] == results[1]["initial_checksum"]
     assert [r["should_checkpoint"] for r in results] == [True, False]

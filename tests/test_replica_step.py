@@ -146,3 +146,13 @@ def test_gloo_event_loop_is_recognised_by_its_wait():
     assert not is_gloo_event_loop("running", "x86_64")
     assert not is_gloo_event_loop("202 0xe 0x0 0x40 0xa 0x0", "x86_64")  # a futex wait
     assert is_gloo_event_loop("22 0xe 0x7f 0x40 0xa 0x0 0x0", "aarch64")
+
+
+def test_bad_gloo_event_loop_setting_is_refused(monkeypatch):
+    from keras_dist.backends.jax import _gloo
+
+    monkeypatch.setenv("KERAS_DIST_GLOO_EVENT_LOOP", "low")
+    with pytest.raises(ValueError, match="'auto'.*'idle' or 'normal'"):
+        _gloo.yield_event_loop()
+    monkeypatch.setenv("KERAS_DIST_GLOO_EVENT_LOOP", "normal")
+    assert _gloo.yield_event_loop() == []

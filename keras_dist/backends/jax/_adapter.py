@@ -64,6 +64,9 @@ def initialize_multi_worker(resolver, options) -> None:
             "CommunicationImplementation.NCCL needs GPUs; this worker has none. "
             "Use AUTO or RING (gloo) on CPU."
         )
+    from keras_dist.backends.jax import _gloo
+
+    _gloo.event_loop_choice()  # a bad setting fails before joining the job
     coordinator = os.environ.get("KERAS_DIST_COORDINATOR") or resolver.chief_address
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeout = options.timeout_seconds
@@ -98,8 +101,6 @@ def initialize_multi_worker(resolver, options) -> None:
     seed = multihost_utils.broadcast_one_to_all(np.int64(np.random.randint(2**31 - 1)))
     keras.utils.set_random_seed(int(seed))
     if all(d.platform == "cpu" for d in jax.local_devices()):
-        from keras_dist.backends.jax import _gloo
-
         _gloo.yield_event_loop()  # that collective started gloo
 
 

@@ -6,10 +6,14 @@ peer's data waits for this process to post its receive (upstream:
 pytorch/gloo issue 246). On a worker with few cores the spinning thread
 takes the core from the thread that computes, so the step that is about to
 post the receive runs at half speed or waits a scheduler slice (~4 ms).
-keras_dist puts that one thread in the SCHED_IDLE class: it still runs
-whenever the core is free, which is exactly when the worker waits for data.
+On a worker limited to one core, keras_dist puts that one thread in the
+SCHED_IDLE class: it still runs whenever the core is free, which is exactly
+when the worker waits for data. With more cores the loop spins on a core of
+its own, and a SCHED_IDLE loop could wait behind busy input threads, so it
+is left alone.
 
-Set ``KERAS_DIST_GLOO_EVENT_LOOP=normal`` to leave it as gloo made it.
+``KERAS_DIST_GLOO_EVENT_LOOP``: ``auto`` (the default, as above), ``idle``
+(whatever the cores), ``normal`` (never).
 """
 
 from __future__ import annotations
@@ -51,14 +55,27 @@ def gloo_event_loop_threads(attempts: int = 50) -> list[int]:
     return []
 
 
+def event_loop_choice() -> str:
+    """``KERAS_DIST_GLOO_EVENT_LOOP``, checked."""
+    choice = os.environ.get("KERAS_DIST_GLOO_EVENT_LOOP", "auto")
+    if choice not in ("auto", "idle", "normal"):
+        raise ValueError(
+            f"KERAS_DIST_GLOO_EVENT_LOOP={choice!r}: use 'auto' (SCHED_IDLE on "
+            "single-core workers, the default), 'idle' or 'normal'."
+        )
+    return choice
+
+
 def yield_event_loop() -> list[int]:
-    """Puts gloo's event-loop threads in SCHED_IDLE; returns their ids.
+    """Puts gloo's event-loop threads in SCHED_IDLE (see the module doc);
+    returns the ids of those it moved.
 
     Call after the first cross-process collective (which starts gloo).
     """
-    if os.environ.get("KERAS_DIST_GLOO_EVENT_LOOP", "idle") == "normal":
+    choice = event_loop_choice()
+    if choice == "normal" or not hasattr(os, "SCHED_IDLE"):
         return []
-    if not hasattr(os, "SCHED_IDLE"):
+    if choice == "auto" and len(os.sched_getaffinity(0)) != 1:
         return []
     changed = []
     for tid in gloo_event_loop_threads():

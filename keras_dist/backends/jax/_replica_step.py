@@ -28,58 +28,19 @@ else keeps the SPMD step.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from keras_dist import _moments
+from keras_dist import _moments, _shard
+from keras_dist._shard import in_replica_step, scale_factor, unscale_factor  # noqa: F401
 from keras_dist.backends.jax import _adapter
 from keras_dist.backends.jax._adapter import BATCH_AXIS
 
-_local = threading.local()
-
 #: "auto": multi-process CPU engines only; "always"/"never" (tests).
 POLICY = "auto"
-
-
-class _Shard:
-    def __init__(self, local_rows: int, global_rows: int):
-        self.local_rows = local_rows
-        self.global_rows = global_rows
-
-
-@contextlib.contextmanager
-def _shard_scope(shard):
-    previous = getattr(_local, "shard", None)
-    _local.shard = shard
-    try:
-        yield
-    finally:
-        _local.shard = previous
-
-
-def in_replica_step() -> bool:
-    return getattr(_local, "shard", None) is not None
-
-
-def scale_factor(dtype):
-    """This replica's share of the global batch, or None outside a step."""
-    shard = getattr(_local, "shard", None)
-    if shard is None:
-        return None
-    return jnp.asarray(shard.local_rows / shard.global_rows, dtype)
-
-
-def unscale_factor(dtype):
-    shard = getattr(_local, "shard", None)
-    if shard is None:
-        return None
-    return jnp.asarray(shard.global_rows / shard.local_rows, dtype)
 
 
 def packed_psum(values):
@@ -178,7 +139,7 @@ def make_train_step(engine, model):
 
     def body(state, data):
         local_rows = next(x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1).shape[0]
-        with _shard_scope(_Shard(local_rows, local_rows * num)):
+        with _shard.shard_scope(_shard.Shard(local_rows, local_rows * num)):
             logs, new_state = model.train_step(state, data)
         *rest, metrics = new_state
         variables = model.metrics_variables

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import threading
 
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.python.distribute import distribute_lib
 
-from keras_dist import _devices, _moments
+from keras_dist import _devices, _moments, _shard
 from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
+from keras_dist._shard import in_replica_step, scale_factor, unscale_factor  # noqa: F401
 
 name = "tensorflow"
-_local = threading.local()
 
 
 def visible_devices() -> tuple[str, ...]:
@@ -314,45 +312,6 @@ def slice_for_replica(data):
     return local, size, global_rows
 
 
-class _Shard:
-    def __init__(self, local_rows, global_rows):
-        self.local_rows = local_rows
-        self.global_rows = global_rows
-
-
-def in_replica_step() -> bool:
-    return getattr(_local, "shard", None) is not None
-
-
-def scale_factor(dtype):
-    """This replica's share of the global batch, or None outside a step."""
-    shard = getattr(_local, "shard", None)
-    if shard is None:
-        return None
-    return tf.cast(
-        tf.math.divide_no_nan(shard.local_rows, shard.global_rows), dtype
-    )
-
-
-def unscale_factor(dtype):
-    shard = getattr(_local, "shard", None)
-    if shard is None:
-        return None
-    return tf.cast(
-        tf.math.divide_no_nan(shard.global_rows, shard.local_rows), dtype
-    )
-
-
-@contextlib.contextmanager
-def _shard_scope(shard):
-    previous = getattr(_local, "shard", None)
-    _local.shard = shard
-    try:
-        yield
-    finally:
-        _local.shard = previous
-
-
 def replica_step(step_fn, metric_variables, metric_results):
     """Wraps a Keras train/test step to run as one replica of many.
 
@@ -367,10 +326,10 @@ def replica_step(step_fn, metric_variables, metric_results):
 
     def step(data):
         local, local_rows, global_rows = slice_for_replica(data)
-        shard = _Shard(
+        shard = _shard.Shard(
             tf.cast(local_rows, tf.float32), tf.cast(global_rows, tf.float32)
         )
-        with _shard_scope(shard):
+        with _shard.shard_scope(shard):
             logs = step_fn(local)
         return _global_logs(logs, metric_variables(), metric_results)
 

@@ -449,13 +449,17 @@ def _install_replica_step_hooks() -> None:
     )
 
 
+def _scaled(value, factor_name: str):
+    """`value` times the adapter's `factor_name` inside a replica step, else None."""
+    factor = getattr(get_adapter(), factor_name)(value.dtype)
+    return None if factor is None else keras.ops.multiply(value, factor)
+
+
 def _wrap_scale(factor_name: str):
     def make(original):
         def scale(value):
-            factor = getattr(get_adapter(), factor_name)(value.dtype)
-            if factor is None:
-                return original(value)
-            return keras.ops.multiply(value, factor)
+            scaled = _scaled(value, factor_name)
+            return original(value) if scaled is None else scaled
 
         return scale
 
@@ -578,7 +582,7 @@ def _build_jax_function(model, strategy, kind: str):
 
     def program_for(data):
         """The compiled step `data` runs through, and `data` ready for it."""
-        if jitted_replica is not None and adapter.replica_step_takes(engine, data):
+        if jitted_replica is not None and adapter.divides_evenly(engine, data):
             return jitted_replica, adapter.place_host_data(engine, data)
         if adapter.splits_evenly_on_entry(engine, data):
             return jitted_host, data
@@ -627,8 +631,8 @@ def _wrap_jax_additional_loss(original):
 
     def _aggregate_additional_loss(self, loss):
         loss = original(self, loss)
-        factor = get_adapter().scale_factor(loss.dtype)
-        return loss if factor is None else keras.ops.multiply(loss, factor)
+        scaled = _scaled(loss, "scale_factor")
+        return loss if scaled is None else scaled
 
     return _aggregate_additional_loss
 

@@ -19,6 +19,7 @@ from keras_dist.backends.jax._adapter import (  # noqa: F401
     compiler_options_for,
     constrain_batch,
     create_engine,
+    divides_evenly,
     engine_of_distribution,
     gather_uneven_outputs,
     global_devices,
@@ -46,7 +47,6 @@ from keras_dist.backends.jax._replica_step import (  # noqa: F401
 )
 from keras_dist.backends.jax._replica_step import engine_trains_per_replica  # noqa: F401
 from keras_dist.backends.jax._replica_step import make_train_step as make_replica_train_step  # noqa: F401
-from keras_dist.backends.jax._replica_step import takes as replica_step_takes  # noqa: F401
 from keras_dist.backends.jax._replica import (  # noqa: F401
     JaxPerReplica,
     combine_replica_batches,

@@ -296,19 +296,23 @@ def splits_evenly_on_entry(engine: JaxEngine, data) -> bool:
     if is_multi_process():
         return False
     leaves = jax.tree_util.tree_leaves(data)
-    if not leaves:
+    if any(type(leaf) is not np.ndarray or leaf.ndim == 0 for leaf in leaves):
         return False
-    for leaf in leaves:
-        if type(leaf) is not np.ndarray or leaf.ndim == 0:
-            return False
-        if leaf.shape[0] % engine.num_replicas:
-            return False
-    return True
+    return divides_evenly(engine, data)
+
+
+def _row_counts(data) -> list[int]:
+    return [x.shape[0] for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
+
+
+def divides_evenly(engine: JaxEngine, data) -> bool:
+    """Whether a batch has arrays, and their rows divide over the replicas."""
+    rows = _row_counts(data)
+    return bool(rows) and not _is_uneven(engine, data)
 
 
 def _is_uneven(engine: JaxEngine, data) -> bool:
-    leaves = [x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
-    return bool(leaves) and leaves[0].shape[0] % engine.num_replicas != 0
+    return any(rows % engine.num_replicas for rows in _row_counts(data))
 
 
 def gather_uneven_outputs(engine: JaxEngine, data, outputs):

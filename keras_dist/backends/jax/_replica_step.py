@@ -19,7 +19,7 @@ many under `jax.shard_map`, as the TensorFlow engine runs it:
   all-reduce, and the logs are computed from the combined values.
 
 It is taken only where it computes what one device computes: batches that
-divide evenly over the replicas (`takes`), default packing
+divide evenly over the replicas (`_adapter.divides_evenly`), default packing
 (`engine_trains_per_replica`), and models that use Keras' own `train_step`
 and `compute_loss_and_updates` and have no random layers (each replica
 would draw its own numbers; checked in `keras_dist._hooks`). Everything
@@ -99,12 +99,6 @@ def engine_trains_per_replica(engine) -> bool:
     )
 
 
-def takes(engine, data) -> bool:
-    """Whether a batch can go through the per-replica step (even rows)."""
-    leaves = [x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
-    return bool(leaves) and all(x.shape[0] % engine.num_replicas == 0 for x in leaves)
-
-
 def _combine_metric_variables(variables, old, new, num_replicas):
     """Each metric variable's value over all replicas, by its aggregation.
 
@@ -156,7 +150,7 @@ def make_train_step(engine, model):
         return logs, (*rest, metrics)
 
     def step(state, data):
-        specs = jax.tree_util.tree_map(lambda x: None if x is None else P(BATCH_AXIS), data)
+        specs = jax.tree_util.tree_map(lambda _: P(BATCH_AXIS), data)  # None stays None
         return jax.shard_map(
             body,
             mesh=engine.mesh,

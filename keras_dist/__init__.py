@@ -4,9 +4,9 @@
 import keras_dist
 strategy = keras_dist.MirroredStrategy()       # all local devices
 with strategy.scope():
-    model = make_model()
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
-model.fit(x, y, batch_size=64)                 # 64 = global batch
+model.fit(x, y, batch_size=64, verbose=0)      # 64 = global batch
 ```
 """
 
@@ -26,11 +26,11 @@ from keras_dist._input import InputContext, InputOptions
 from keras_dist._losses import compute_average_loss, scale_regularization_loss
 from keras_dist._reduce import ReduceOp
 from keras_dist._simulate import simulate_cpu_devices
+from keras_dist._context import ReplicaContext
 from keras_dist._strategy import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
     OneDeviceStrategy,
-    ReplicaContext,
     Strategy,
     StrategyExtended,
     experimental_set_strategy,

@@ -1,29 +1,105 @@
 """Strategy stack and replica context (backend-agnostic).
 
 The strategy stack is process-wide (replica threads of a TensorFlow
-MirroredStrategy must see it); the replica context is per thread.
+MirroredStrategy must see it); the replica context is per thread. Only the
+functions below change either; `keras_dist._strategy` builds the public API
+on them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-if TYPE_CHECKING:  # pragma: no cover
-    from keras_dist._strategy import Strategy
+from keras_dist._reduce import ReduceOp
+from keras_dist._replica_ops import LocalReplicaOps, ReplicaOps
 
-_stack: list["Strategy"] = []
-_set_strategy: list[tuple["Strategy", contextlib.ExitStack]] = []
+_stack: list = []
+#: The scope entered by `experimental_set_strategy`, with what closes it.
+_persistent: list[tuple[Any, contextlib.ExitStack]] = []
 _local = threading.local()
 
 
-def current_strategy() -> Optional["Strategy"]:
+class ReplicaContext:
+    """Where a computation runs: replica `replica_id_in_sync_group` of a group.
+
+    Outside any strategy, `keras_dist.get_replica_context()` returns the
+    default context: replica 0 of 1. Inside `strategy.run`, it offers the
+    collectives of the replica group:
+
+    ```python
+    strategy = keras_dist.MirroredStrategy()
+
+    def step(x):
+        context = keras_dist.get_replica_context()
+        return context.all_reduce("SUM", keras.ops.sum(x))  # every replica's rows
+
+    for batch in strategy.experimental_distribute_dataset([x[:64]]):
+        total = strategy.run(step, args=(batch,))  # the same on every replica
+    ```
+    """
+
+    def __init__(self, strategy: Any, replica_id_in_sync_group: Any, ops: Optional[ReplicaOps] = None):
+        self._strategy = strategy
+        self._replica_id = replica_id_in_sync_group
+        self._ops = ops or LocalReplicaOps()
+
+    def all_reduce(self, reduce_op, value):
+        """Sum or mean of `value` (a tensor or nest of them) over replicas."""
+        return self._ops.all_reduce(ReduceOp.from_value(reduce_op), value)
+
+    def all_gather(self, value, axis: int):
+        """Concatenation of every replica's `value` along `axis`."""
+        return self._ops.all_gather(value, axis)
+
+    def row_mask(self, value):
+        """Which rows of this replica's batch-shaped `value` are real.
+
+        None when all are (TensorFlow, even shards); on JAX uneven shards are
+        padded to equal length and this marks the padding False. (A
+        keras_dist addition; `compute_average_loss` uses it.)
+        """
+        return self._ops.row_mask(value)
+
+    def global_rows(self, local_rows):
+        """The number of real rows in the global batch, given this
+        replica's `local_rows` (a keras_dist addition)."""
+        return self._ops.global_rows(local_rows)
+
+    @property
+    def strategy(self):
+        return self._strategy
+
+    @property
+    def replica_id_in_sync_group(self):
+        return self._replica_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._strategy.num_replicas_in_sync
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplicaContext(replica_id_in_sync_group={self._replica_id!r}, "
+            f"num_replicas_in_sync={self.num_replicas_in_sync})"
+        )
+
+
+# -- the strategy stack ------------------------------------------------------
+
+
+def current_strategy():
     """The innermost strategy whose scope is entered, or None."""
     return _stack[-1] if _stack else None
 
 
-def push(strategy: "Strategy") -> None:
+def open_scopes() -> list:
+    """The strategies whose scopes are entered, outermost first."""
+    return list(_stack)
+
+
+def push(strategy) -> None:
     top = current_strategy()
     if top is not None and top is not strategy:
         raise ValueError(
@@ -34,27 +110,28 @@ def push(strategy: "Strategy") -> None:
     _stack.append(strategy)
 
 
-def pop(strategy: "Strategy") -> None:
+def pop(strategy) -> None:
     if not _stack or _stack[-1] is not strategy:
-        raise RuntimeError(
-            "keras_dist strategy scopes were exited out of order."
-        )
+        raise RuntimeError("keras_dist strategy scopes were exited out of order.")
     _stack.pop()
 
 
-def replica_context():
-    """The replica context set by `Strategy.run` on this thread, or None."""
-    return getattr(_local, "replica_context", None)
+def set_persistent(strategy, closer: contextlib.ExitStack) -> None:
+    """Records the scope `experimental_set_strategy` entered (and its closer)."""
+    _persistent.append((strategy, closer))
 
 
-@contextlib.contextmanager
-def in_replica(context) -> Iterator[None]:
-    previous = getattr(_local, "replica_context", None)
-    _local.replica_context = context
-    try:
-        yield
-    finally:
-        _local.replica_context = previous
+def clear_persistent() -> None:
+    """Exits the scope entered by `experimental_set_strategy`, if any."""
+    while _persistent:
+        _, closer = _persistent.pop()
+        closer.close()
+
+
+def reset() -> None:
+    """Leaves every scope (for test isolation after a failed test)."""
+    clear_persistent()
+    _stack.clear()
 
 
 @contextlib.contextmanager
@@ -71,3 +148,21 @@ def outside_strategies() -> Iterator[None]:
         yield
     finally:
         _stack[:] = saved
+
+
+# -- the replica context -------------------------------------------------------
+
+
+def replica_context() -> Optional[ReplicaContext]:
+    """The replica context set by `Strategy.run` on this thread, or None."""
+    return getattr(_local, "replica_context", None)
+
+
+@contextlib.contextmanager
+def in_replica(context: ReplicaContext) -> Iterator[None]:
+    previous = getattr(_local, "replica_context", None)
+    _local.replica_context = context
+    try:
+        yield
+    finally:
+        _local.replica_context = previous

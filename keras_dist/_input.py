@@ -12,8 +12,9 @@ from keras_dist._split import per_replica_batch_size
 class InputOptions:
     """Options for distributing a dataset (tf.distribute names).
 
-    Only the defaults are meaningful on one process; they are accepted for
-    source compatibility with `tf.distribute.InputOptions`.
+    keras_dist carries out the defaults (each batch fed to the devices, one
+    batch ahead); a non-default value is refused with an error rather than
+    ignored.
     """
 
     experimental_fetch_to_device: bool = True

@@ -44,13 +44,13 @@ def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size
         while len(weight.shape) < len(loss.shape):
             weight = keras.ops.expand_dims(weight, -1)
         loss = loss * weight
-    mask = context._ops.row_mask(loss)
+    mask = context.row_mask(loss)
     if mask is not None:  # padding rows of uneven shards (JAX): drop them
         mask = keras.ops.reshape(mask, (-1,) + (1,) * (len(loss.shape) - 1))
         loss = keras.ops.where(mask, loss, keras.ops.zeros_like(loss))
     total = keras.ops.sum(loss)
     if global_batch_size is None:
-        count = context._ops.global_rows(keras.ops.shape(loss)[0])
+        count = context.global_rows(keras.ops.shape(loss)[0])
     else:
         if isinstance(global_batch_size, (int, float)) and global_batch_size <= 0:
             raise ValueError(

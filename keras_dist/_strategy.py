@@ -1,8 +1,10 @@
 """`Strategy` and its concrete kinds (backend-agnostic).
 
-A strategy owns a list of devices; the backend adapter turns it into the
-backend's engine (a `jax.sharding.Mesh` with a Keras distribution, or a
-`tf.distribute` strategy) lazily, on first use.
+A strategy owns a list of devices (in its `StrategyExtended`); the backend
+adapter turns them into the backend's engine (a `jax.sharding.Mesh` with a
+Keras distribution, or a `tf.distribute` strategy) lazily, on first use.
+Adding a strategy: a subclass here (and, if it needs facts of its own, of
+`StrategyExtended`), plus what its engine needs in each backend adapter.
 """
 
 from __future__ import annotations
@@ -10,23 +12,37 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from keras_dist import _context
-from keras_dist import _cross_device_ops
-from keras_dist import _devices
+from keras_dist import _context, _cross_device_ops, _devices
+from keras_dist._context import ReplicaContext
 from keras_dist._reduce import ReduceOp
 from keras_dist.backends import get_adapter
 
 
 class StrategyExtended:
-    """Extra strategy facts, as in `tf.distribute.StrategyExtended`."""
+    """Extra strategy facts, as in `tf.distribute.StrategyExtended`.
 
-    def __init__(self, strategy: "Strategy", devices: Sequence[str]):
+    Besides tf's public properties it holds what the backend adapter reads
+    to build and use the strategy's engine (`engine`, `engine_devices`,
+    `cross_device_ops`, `communication_options`), and the job's shape
+    (`num_workers`, `worker_index`).
+    """
+
+    def __init__(
+        self,
+        strategy: "Strategy",
+        devices: Sequence[str],
+        cross_device_ops: Any = None,
+        engine_devices: Optional[Sequence[str]] = None,
+    ):
         self._strategy = strategy
         self._devices = tuple(devices)
+        self._cross_device_ops = cross_device_ops
+        self._engine_devices = tuple(engine_devices or devices)
+        self._engine = None
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
-        """Devices that run replicas, in replica order."""
+        """This worker's devices that run replicas, in replica order."""
         return self._devices
 
     @property
@@ -46,71 +62,41 @@ class StrategyExtended:
 
     def variable_created_in_scope(self, variable) -> bool:
         """True when `variable` is placed by this strategy."""
-        return self._strategy._owns_variable(variable)
+        return get_adapter().owns_variable(self.engine, variable)
 
+    # -- what the backend adapter reads -------------------------------------
+    @property
+    def engine(self) -> Any:
+        """The backend's engine for this strategy, created on first use
+        (JAX: a mesh and Keras distribution; TF: a tf.distribute strategy)."""
+        if self._engine is None:
+            self._engine = get_adapter().create_engine(self)
+        return self._engine
 
-class _LocalReplicaOps:
-    """Collectives of a group of one replica (the default context)."""
+    @property
+    def engine_devices(self) -> tuple[str, ...]:
+        """Every device the engine spans: all workers' for multi-worker."""
+        return self._engine_devices
 
-    def all_reduce(self, reduce_op, value):
-        return value
+    @property
+    def cross_device_ops(self) -> Any:
+        """The `keras_dist.CrossDeviceOps` asked for, or None (the engine's)."""
+        return self._cross_device_ops
 
-    def all_gather(self, value, axis):
-        return value
-
-    def row_mask(self, value):
+    @property
+    def communication_options(self) -> Any:
+        """Cross-worker `CommunicationOptions`; None for one worker."""
         return None
 
-    def global_rows(self, local_rows):
-        return local_rows
-
-
-class ReplicaContext:
-    """Where a computation runs: replica `replica_id_in_sync_group` of a group.
-
-    Outside any strategy, `keras_dist.get_replica_context()` returns the
-    default context: replica 0 of 1. Inside `strategy.run`, it offers the
-    collectives of the replica group:
-
-    ```python
-    def step(x):
-        context = keras_dist.get_replica_context()
-        return context.all_reduce("SUM", keras.ops.sum(x))
-    ```
-    """
-
-    def __init__(
-        self, strategy: "Strategy", replica_id_in_sync_group: Any, ops: Any = None
-    ):
-        self._strategy = strategy
-        self._replica_id = replica_id_in_sync_group
-        self._ops = ops or _LocalReplicaOps()
-
-    def all_reduce(self, reduce_op, value):
-        """Sum or mean of `value` (a tensor or nest of them) over replicas."""
-        return self._ops.all_reduce(ReduceOp.from_value(reduce_op), value)
-
-    def all_gather(self, value, axis: int):
-        """Concatenation of every replica's `value` along `axis`."""
-        return self._ops.all_gather(value, axis)
+    @property
+    def num_workers(self) -> int:
+        """The number of worker processes in the job."""
+        return 1
 
     @property
-    def strategy(self) -> "Strategy":
-        return self._strategy
-
-    @property
-    def replica_id_in_sync_group(self):
-        return self._replica_id
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        return self._strategy.num_replicas_in_sync
-
-    def __repr__(self) -> str:
-        return (
-            f"ReplicaContext(replica_id_in_sync_group={self._replica_id!r}, "
-            f"num_replicas_in_sync={self.num_replicas_in_sync})"
-        )
+    def worker_index(self) -> int:
+        """This process's index among the workers (the chief is 0)."""
+        return 0
 
 
 class Strategy:
@@ -124,16 +110,12 @@ class Strategy:
     with strategy.scope():
         model = keras.Sequential([keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
-    model.fit(x, y, batch_size=64)   # 64 = the global batch
+    model.fit(x, y, batch_size=64, verbose=0)   # 64 = the global batch
     ```
     """
 
-    #: A `keras_dist.CrossDeviceOps` (MirroredStrategy), else None.
-    _cross_device_ops = None
-
-    def __init__(self, devices: Sequence[str]):
-        self._extended = StrategyExtended(self, devices)
-        self._engine = None
+    def __init__(self, extended: StrategyExtended):
+        self._extended = extended
 
     # -- public API ---------------------------------------------------------
     @property
@@ -143,7 +125,7 @@ class Strategy:
     @property
     def num_replicas_in_sync(self) -> int:
         """Number of replicas that each global batch is split across."""
-        return len(self._extended.worker_devices)
+        return len(self._extended.engine_devices)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["Strategy"]:
@@ -151,7 +133,7 @@ class Strategy:
 
         Entering a different strategy's scope inside this one is an error.
         """
-        engine = self._get_engine()
+        engine = self._extended.engine
         _context.push(self)
         try:
             with get_adapter().scope(engine):
@@ -169,8 +151,11 @@ class Strategy:
         ordinary value; others come back as `PerReplica`.
 
         ```python
-        per_replica_loss = strategy.run(train_step, args=(batch,))
-        loss = strategy.reduce("SUM", per_replica_loss, axis=None)
+        strategy = keras_dist.MirroredStrategy()
+        dataset = [(x[:64], y[:64])]
+        for batch in strategy.experimental_distribute_dataset(dataset):
+            per_replica_rows = strategy.run(lambda x, y: keras.ops.sum(y), args=batch)
+            total = strategy.reduce("SUM", per_replica_rows, axis=None)
         ```
 
         On JAX `fn` is compiled once per function object and argument
@@ -179,8 +164,14 @@ class Strategy:
         """
         if not callable(fn):
             raise TypeError(f"strategy.run needs a callable, got {fn!r}.")
+        _refuse_options("run", options, "RunOptions")
+        if not isinstance(args, (tuple, list)):
+            raise TypeError(
+                "strategy.run(fn, args=...) takes a tuple of arguments, got "
+                f"{type(args).__name__}; for one argument write args=(value,)."
+            )
         with self.scope():
-            return get_adapter().run(self, fn, tuple(args), dict(kwargs or {}))
+            return get_adapter().run(self, self._extended.engine, fn, tuple(args), dict(kwargs or {}))
 
     def reduce(self, reduce_op, value, axis: Optional[int] = None):
         """Combines a per-replica `value` across replicas (cross-replica).
@@ -188,33 +179,32 @@ class Strategy:
         With `axis`, each replica's value is first reduced along `axis`; MEAN
         then divides by the total number of elements along it.
         """
-        return get_adapter().reduce(self, ReduceOp.from_value(reduce_op), value, axis)
+        return get_adapter().reduce(self._extended.engine, ReduceOp.from_value(reduce_op), value, axis)
 
     def gather(self, value, axis: int):
         """Concatenates the per-replica components of `value` along `axis`."""
-        return get_adapter().gather(self, value, axis)
+        return get_adapter().gather(self._extended.engine, value, axis)
 
     def experimental_local_results(self, value) -> tuple:
         """The per-replica components of `value` held by this process."""
-        return get_adapter().local_results(self, value)
+        return get_adapter().local_results(self._extended.engine, value)
 
     def experimental_distribute_dataset(self, dataset, options: Any = None):
         """Iterates `dataset`'s global batches as per-replica values.
 
         ```python
-        for x, y in strategy.experimental_distribute_dataset(dataset):
-            strategy.run(step, args=(x, y))
+        strategy = keras_dist.MirroredStrategy()
+        dataset = [(x[:64], y[:64]), (x[64:100], y[64:100])]
+        for x_part, y_part in strategy.experimental_distribute_dataset(dataset):
+            strategy.run(lambda a, b: keras.ops.sum(a), args=(x_part, y_part))
         ```
         """
-        from keras_dist._input import (
-            DistributedDataset,
-            check_auto_shard_policy,
-            check_dataset,
-        )
+        from keras_dist._input import DistributedDataset, check_auto_shard_policy, check_dataset
 
+        _refuse_options("experimental_distribute_dataset", options, "InputOptions")
         check_dataset(dataset)
-        check_auto_shard_policy(dataset, self._num_workers())
-        engine = self._get_engine()
+        check_auto_shard_policy(dataset, self._extended.num_workers)
+        engine = self._extended.engine
         adapter = get_adapter()
         return DistributedDataset(
             lambda: adapter.iterate_batches(dataset),
@@ -229,9 +219,18 @@ class Strategy:
         """
         from keras_dist._input import DistributedDatasetsFromFunction, InputContext
 
+        _refuse_options("distribute_datasets_from_function", options, "InputOptions")
+        if self._extended.num_workers > 1:
+            raise NotImplementedError(
+                "distribute_datasets_from_function with several workers (each "
+                "worker building its own replicas' input) is not supported yet. "
+                "Pass every worker the same dataset of global batches to "
+                "strategy.experimental_distribute_dataset: each worker keeps "
+                "its replicas' rows, exactly as one device would see them."
+            )
         context = InputContext(1, 0, self.num_replicas_in_sync)
         dataset = dataset_fn(context)
-        engine = self._get_engine()
+        engine = self._extended.engine
         adapter = get_adapter()
         return DistributedDatasetsFromFunction(
             lambda: adapter.iterate_batches(dataset),
@@ -243,22 +242,25 @@ class Strategy:
         devices = ", ".join(self._extended.worker_devices)
         return f"{type(self).__name__}(devices=[{devices}])"
 
-    # -- internal -----------------------------------------------------------
-    def _get_engine(self):
-        if self._engine is None:
-            self._engine = get_adapter().create_engine(self)
-        return self._engine
 
-    def _owns_variable(self, variable) -> bool:
-        return get_adapter().owns_variable(self._get_engine(), variable)
+def _refuse_options(method: str, options: Any, kind: str) -> None:
+    """Options are not silently ignored: only None or the defaults pass."""
+    if options is None:
+        return
+    from keras_dist._input import InputOptions
 
-    def _num_workers(self) -> int:
-        resolver = getattr(self, "cluster_resolver", None)
-        return resolver.num_workers if resolver is not None else 1
-
-    def _engine_devices(self) -> tuple:
-        """Devices the engine spans (all workers' for multi-worker)."""
-        return self._extended.worker_devices
+    if kind == "InputOptions" and isinstance(options, InputOptions):
+        if options == InputOptions():
+            return
+        raise NotImplementedError(
+            f"{method}: {options!r} asks for non-default input options, which "
+            "keras_dist does not carry out yet (it always feeds each batch to "
+            "the devices, one batch ahead). Pass options=None."
+        )
+    raise NotImplementedError(
+        f"{method}(options={options!r}): keras_dist takes no {kind} here yet; "
+        "pass options=None rather than have them ignored."
+    )
 
 
 class OneDeviceStrategy(Strategy):
@@ -276,7 +278,7 @@ class OneDeviceStrategy(Strategy):
                 f"'/gpu:0'; got {device!r}."
             )
         visible = get_adapter().visible_devices()
-        super().__init__(_devices.resolve_devices([device], visible))
+        super().__init__(StrategyExtended(self, _devices.resolve_devices([device], visible)))
 
 
 class MirroredStrategy(Strategy):
@@ -314,14 +316,14 @@ class MirroredStrategy(Strategy):
         resolved = _devices.resolve_devices(devices, adapter.visible_devices())
         cross_device_ops = _cross_device_ops.validate(cross_device_ops, resolved)
         adapter.check_cross_device_ops(cross_device_ops, resolved)
-        self._cross_device_ops = cross_device_ops
-        super().__init__(resolved)
+        super().__init__(StrategyExtended(self, resolved, cross_device_ops))
 
 
 class _MultiWorkerExtended(StrategyExtended):
-    def __init__(self, strategy, devices, resolver):
-        super().__init__(strategy, devices)
+    def __init__(self, strategy, devices, global_devices, resolver, options):
+        super().__init__(strategy, devices, engine_devices=global_devices)
         self._resolver = resolver
+        self._options = options
 
     @property
     def should_checkpoint(self) -> bool:
@@ -339,6 +341,18 @@ class _MultiWorkerExtended(StrategyExtended):
     def task_id(self):
         return self._resolver.task_id
 
+    @property
+    def communication_options(self):
+        return self._options
+
+    @property
+    def num_workers(self) -> int:
+        return self._resolver.num_workers
+
+    @property
+    def worker_index(self) -> int:
+        return self._resolver.worker_index
+
 
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous data parallelism over all devices of several workers.
@@ -351,11 +365,11 @@ class MultiWorkerMirroredStrategy(Strategy):
     Create it first thing in the program, before any computation.
 
     ```python
-    strategy = keras_dist.MultiWorkerMirroredStrategy()
+    strategy = keras_dist.MultiWorkerMirroredStrategy()   # one worker here
     with strategy.scope():
-        model = make_model()
+        model = keras.Sequential([keras.layers.Dense(1)])
         model.compile(optimizer="adam", loss="mse")
-    model.fit(x, y, batch_size=64)
+    model.fit(x, y, batch_size=64, verbose=0)
     ```
     """
 
@@ -376,40 +390,31 @@ class MultiWorkerMirroredStrategy(Strategy):
                 f"this task is {resolver.task_type!r}."
             )
         self._cluster_resolver = resolver
-        self._communication_options = options
         adapter = get_adapter()
         adapter.initialize_multi_worker(resolver, options)
-        self._global_devices = tuple(adapter.global_devices())
-        super().__init__(adapter.visible_devices())
-        self._extended = _MultiWorkerExtended(self, self._extended.worker_devices, resolver)
+        super().__init__(
+            _MultiWorkerExtended(
+                self, adapter.visible_devices(), adapter.global_devices(), resolver, options
+            )
+        )
 
     @property
     def cluster_resolver(self):
         return self._cluster_resolver
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        return len(self._global_devices)
-
-    def _engine_devices(self) -> tuple:
-        return self._global_devices
 
 
 class _DefaultStrategy(Strategy):
     """The pass-through strategy in effect outside any scope."""
 
     def __init__(self):
-        self._extended = StrategyExtended(self, ("default",))
-        self._engine = None
+        super().__init__(_DefaultExtended(self, ("default",)))
 
     @contextlib.contextmanager
     def scope(self) -> Iterator["Strategy"]:
         yield self
 
-    def _owns_variable(self, variable) -> bool:
-        return True
-
     def run(self, fn, args=(), kwargs=None, options=None):
+        _refuse_options("run", options, "RunOptions")
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op, value, axis=None):
@@ -433,6 +438,7 @@ class _DefaultStrategy(Strategy):
         # TensorFlow), so one loop serves every strategy.
         from keras_dist._input import DistributedDataset, check_dataset
 
+        _refuse_options("experimental_distribute_dataset", options, "InputOptions")
         check_dataset(dataset)
         adapter = get_adapter()
         return DistributedDataset(lambda: adapter.iterate_batches(dataset), lambda b: b)
@@ -440,10 +446,15 @@ class _DefaultStrategy(Strategy):
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         from keras_dist._input import InputContext
 
-        return self.experimental_distribute_dataset(dataset_fn(InputContext()))
+        return self.experimental_distribute_dataset(dataset_fn(InputContext()), options)
 
     def __repr__(self) -> str:
         return "DefaultStrategy()"
+
+
+class _DefaultExtended(StrategyExtended):
+    def variable_created_in_scope(self, variable) -> bool:
+        return True
 
 
 _DEFAULT_STRATEGY = _DefaultStrategy()
@@ -490,16 +501,15 @@ def experimental_set_strategy(strategy: Optional[Strategy]) -> None:
     """Enters `strategy`'s scope until called again (``None`` leaves it).
 
     ```python
+    strategy = keras_dist.MirroredStrategy()
     keras_dist.experimental_set_strategy(strategy)
-    ...
+    assert keras_dist.get_strategy() is strategy
     keras_dist.experimental_set_strategy(None)
     ```
     """
-    if _context._set_strategy:
-        old, stack = _context._set_strategy.pop()
-        stack.close()
+    _context.clear_persistent()
     if strategy is None or isinstance(strategy, _DefaultStrategy):
         return
-    stack = contextlib.ExitStack()
-    stack.enter_context(strategy.scope())
-    _context._set_strategy.append((strategy, stack))
+    closer = contextlib.ExitStack()
+    closer.enter_context(strategy.scope())
+    _context.set_persistent(strategy, closer)

@@ -34,7 +34,25 @@ def _no_leaked_scope():
     yield
     from keras_dist import _context
 
-    leaked = list(_context._stack)
-    keras_dist.experimental_set_strategy(None)
-    _context._stack.clear()
+    leaked = _context.open_scopes()
+    _context.reset()
     assert not leaked, f"test left strategy scopes open: {leaked}"
+
+
+@pytest.fixture
+def per_replica_step(monkeypatch):
+    """JAX: engines of several replicas train `fit`'s even batches per replica
+    (as multi-process CPU jobs do), here in one process."""
+    from keras_dist.backends.jax import _engine
+
+    monkeypatch.setattr(
+        _engine, "trains_per_replica", lambda engine: engine.num_replicas > 1 and engine.compiler_options is None
+    )
+
+
+def jax_train_step(model):
+    """A fresh `JaxStep` for `model`'s training, built as `fit` builds it."""
+    from keras_dist._hooks import model_strategy
+    from keras_dist.backends.jax._step import JaxStep
+
+    return JaxStep(model, model_strategy(model).extended.engine, "train")

@@ -333,3 +333,44 @@ def test_default_strategy_yields_batches_the_backend_takes():
     assert len(batches) == 3
     expected = np.ndarray if BACKEND == "jax" else tf.Tensor
     assert all(isinstance(batch, expected) for batch in batches)
+
+
+def test_options_are_refused_not_ignored(mirrored):
+    """Options keras_dist does not carry out raise, naming the fix; the
+    defaults pass."""
+    strategy = mirrored(2)
+    x = np.ones((4, 3), "float32")
+    assert list(strategy.experimental_distribute_dataset([x], options=keras_dist.InputOptions()))
+    with pytest.raises(NotImplementedError, match="non-default input options.*options=None"):
+        strategy.experimental_distribute_dataset([x], keras_dist.InputOptions(experimental_fetch_to_device=False))
+    with pytest.raises(NotImplementedError, match="takes no RunOptions.*options=None"):
+        strategy.run(lambda: 1.0, options=object())
+    with pytest.raises(NotImplementedError, match="InputOptions"):
+        strategy.distribute_datasets_from_function(lambda context: [x], options="fetch")
+
+
+def test_run_args_must_be_a_tuple(mirrored):
+    strategy = mirrored(2)
+    for batch in strategy.experimental_distribute_dataset([np.ones((4, 3), "float32")]):
+        with pytest.raises(TypeError, match=r"args=\(value,\)"):
+            strategy.run(lambda value: value, args=batch)
+
+
+def test_datasets_from_function_with_several_workers_is_refused(mirrored, monkeypatch):
+    strategy = mirrored(2)
+    monkeypatch.setattr(type(strategy.extended), "num_workers", property(lambda self: 2))
+    called = []
+    with pytest.raises(NotImplementedError, match="several workers.*experimental_distribute_dataset"):
+        strategy.distribute_datasets_from_function(lambda context: called.append(context))
+    assert not called  # refused before the user's function ran
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX compiles run's function per call signature")
+def test_run_keeps_a_bounded_cache_of_compiled_functions(mirrored):
+    from keras_dist.backends.jax import _replica
+
+    strategy = mirrored(2)
+    batch = next(iter(strategy.experimental_distribute_dataset([np.ones((4, 3), "float32")])))
+    for index in range(_replica._RUN_CACHE_SIZE + 6):  # a new function each step
+        strategy.run(lambda value, scale=float(index): value * scale, args=(batch,))
+    assert len(_replica._run_cache) == _replica._RUN_CACHE_SIZE

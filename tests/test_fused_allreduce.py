@@ -12,7 +12,7 @@ import pytest
 import keras
 
 import keras_dist
-from conftest import BACKEND
+from conftest import BACKEND, jax_train_step
 
 
 def _gradient_sizes(model):
@@ -24,7 +24,7 @@ def _jax_all_reduce_operands(strategy, model, x, y):
     state = model._get_jax_state(
         trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True
     )
-    program, data = model.train_function.step.program_for((x, y))  # the program this batch runs
+    program, data = jax_train_step(model).program_for((x, y))  # the program this batch runs
     hlo = program.lower(state, data).compile().as_text()
     all_reduces = [line for line in hlo.splitlines() if re.search(r"\ball-reduce(-start)?\(", line)]
     operands = []
@@ -67,16 +67,14 @@ def test_jax_step_has_one_all_reduce_for_all_gradients(mirrored, ops):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="inspects XLA HLO of the JAX step")
-def test_jax_per_replica_step_sums_all_gradients_as_one_flat_buffer(mirrored, monkeypatch):
+def test_jax_per_replica_step_sums_all_gradients_as_one_flat_buffer(mirrored, per_replica_step):
     """The multi-process CPU step (forced on here): gloo runs each operand of
     an all-reduce as its own collective, so the gradients travel as ONE
     buffer, not one operand per variable."""
-    from keras_dist.backends.jax import _replica_step
-
-    monkeypatch.setattr(_replica_step, "POLICY", "always")
     strategy = mirrored(4)
     model, x, y = _mlp_fit(strategy)
-    assert model.train_function.step.program_for((x, y))[0] is model.train_function.step.replica_program
+    step = jax_train_step(model)
+    assert step.program_for((x, y))[0] is step.replica_program
     operands = _jax_all_reduce_operands(strategy, model, x, y)
     assert len(operands) == 1, operands  # XLA combines it with the metrics' sum
     assert sum(_gradient_sizes(model)) in operands[0], operands
@@ -104,7 +102,7 @@ def test_tensorflow_step_packs_gradients_into_one_collective_per_replica(mirrore
 
     strategy = mirrored(4)
     model, x, y = _mlp_fit(strategy)
-    step = model.train_function.one_step
+    step = model.train_function.one_step  # the StepFunction's compiled step
     concrete = step.get_concrete_function(
         (tf.TensorSpec((None, 32), tf.float32), tf.TensorSpec((None,), tf.int64))
     )
@@ -121,7 +119,7 @@ def test_tensorflow_step_packs_gradients_into_one_collective_per_replica(mirrore
 def _tf_reduction_ops(strategy, model):
     import tensorflow as tf
 
-    step = model.train_function.one_step
+    step = model.train_function.one_step  # the StepFunction's compiled step
     concrete = step.get_concrete_function(
         (tf.TensorSpec((None, 32), tf.float32), tf.TensorSpec((None,), tf.int64))
     )

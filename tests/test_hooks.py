@@ -13,87 +13,300 @@ import numpy as np
 import pytest
 
 import keras_dist
-from keras_dist import _hooks
+from keras_dist import _context, _hooks
+from keras_dist._hooks import _files
 from _helpers import compile_model, make_data, mlp, twin, two_heads
-from conftest import BACKEND
+from conftest import BACKEND, jax_train_step
 
-EXPECTED = {
-    "common": [
-        "keras.src.trainers.trainer:Trainer.__init__",
-        "keras.src.trainers.trainer:Trainer.compile",
-        *(f"keras.src.models.model:Model.{name}" for name in _hooks._ENTRY_POINTS),
-        "keras.src.losses.loss:Loss.__call__",
-        "keras.src.models.model:Model.save",
-        "keras.src.callbacks.backup_and_restore:BackupAndRestore._save_model",
-        "keras.src.callbacks.backup_and_restore:BackupAndRestore._load_model",
-        # per-replica steps (TensorFlow; JAX multi-process CPU)
-        "keras.src.losses.loss:scale_loss_for_distribution",
-        "keras.src.losses.loss:unscale_loss_for_distribution",
-        "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
-    ],
-    "jax": [
-        *(f"keras.src.backend.jax.trainer:JAXTrainer.make_{k}_function" for k in ("train", "test", "predict")),
-        "keras.src.backend.jax.trainer:_distribute_data",
-        "keras.src.trainers.trainer:Trainer._aggregate_additional_loss",
-        "keras.src.backend.jax.trainer:JAXTrainer.compute_loss_and_updates",
-    ],
-    "tensorflow": [
-        "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
-        *(
-            f"keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_{k}_function"
-            for k in ("train", "test", "predict")
-        ),
-        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build",
-    ],
-}
-
-
-def test_exactly_the_expected_hooks_are_installed():
-    assert sorted(_hooks.ORIGINALS) == sorted(EXPECTED["common"] + EXPECTED[BACKEND])
+def test_exactly_the_table_s_hooks_are_installed():
+    """`install()` patched every hook of the table for this backend, and only
+    those; the hooks module's docstring lists each one."""
+    expected = [hook.target for hook in _hooks.hooks_for(BACKEND)]
+    assert len(expected) == len(set(expected))
+    assert sorted(_hooks.ORIGINALS) == sorted(expected)
     for path, original in _hooks.ORIGINALS.items():
-        owner, name = _hooks._resolve(path)
+        owner, name = _hooks.resolve(path)
         installed = getattr(owner, name)
         assert installed.__keras_dist_original__ is original, path
+    for hook in _hooks.HOOKS:
+        assert hook.target in _hooks.__doc__ and hook.purpose, hook.target
 
 
-def test_every_hook_is_live_in_a_distributed_workload(mirrored, monkeypatch, tmp_path):
-    """Count calls to each hook over fit/evaluate/predict/*_on_batch (on JAX
-    with the per-replica training step forced on, as multi-process CPU jobs
-    take it)."""
-    if BACKEND == "jax":
-        from keras_dist.backends.jax import _replica_step
+# -- liveness: each hook, reverted alone, changes what a user sees ------------
 
-        monkeypatch.setattr(_replica_step, "POLICY", "always")
-    calls = dict.fromkeys(_hooks.ORIGINALS, 0)
-    for path in _hooks.ORIGINALS:
-        owner, name = _hooks._resolve(path)
-        hook = getattr(owner, name)
 
-        def counting(*args, __hook=hook, __path=path, **kwargs):
-            calls[__path] += 1
-            return __hook(*args, **kwargs)
+def _outcome(probe, *args):
+    try:
+        return ("ok", probe(*args))
+    except Exception as error:  # noqa: BLE001 - the error is the outcome
+        return ("raised", f"{type(error).__name__}: {error}")
 
-        monkeypatch.setattr(owner, name, counting)
 
+def _same(a, b) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] == "raised":
+        return a[1] == b[1]
+    left, right = keras.tree.flatten(a[1]), keras.tree.flatten(b[1])
+    if len(left) != len(right):
+        return False
+    for x, y in zip(left, right):
+        if isinstance(x, str) or isinstance(y, str) or x is None or y is None:
+            if x != y:
+                return False
+        elif np.shape(x) != np.shape(y) or not np.allclose(x, y, atol=1e-6, rtol=0):
+            return False
+    return True
+
+
+def _probe_init(mirrored, tmp_path):
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = mlp()
+    return str(_hooks.model_strategy(model))
+
+
+def _probe_compile(mirrored, tmp_path):
+    """Compiled outside the scope: the optimizer is still the strategy's."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    return [strategy.extended.variable_created_in_scope(v) for v in model.optimizer.variables]
+
+
+def _entry_probe(name):
+    def probe(mirrored, tmp_path):
+        """Called under another strategy's scope: refused, naming the call."""
+        x, y = make_data(8)
+        with mirrored(2).scope():
+            model = compile_model(mlp(), "sgd")
+        arguments = {
+            "fit": lambda: model.fit(x, y, batch_size=4, verbose=0),
+            "evaluate": lambda: model.evaluate(x, y, batch_size=4, verbose=0),
+            "predict": lambda: model.predict(x, batch_size=4, verbose=0),
+            "train_on_batch": lambda: model.train_on_batch(x, y),
+            "test_on_batch": lambda: model.test_on_batch(x, y),
+            "predict_on_batch": lambda: model.predict_on_batch(x),
+        }[name]
+        try:
+            with mirrored(4).scope():
+                arguments()
+        except ValueError as error:
+            return f"refused: {str(error)[: len(name) + 17]}"  # "Cannot <name> model"
+        return "accepted"
+
+    return probe
+
+
+def _probe_save(mirrored, tmp_path, monkeypatch):
+    """A non-chief worker's `save` leaves nothing at the user's path."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = compile_model(mlp(), "sgd")
+    monkeypatch.setattr(type(strategy.extended), "should_checkpoint", property(lambda self: False))
+    model.save(tmp_path / "model.keras")
+    return (tmp_path / "model.keras").exists()
+
+
+def _fit_with_backup(mirrored, tmp_path, epochs=1):
+    x, y = make_data(16)
+    with mirrored(2).scope():
+        model = compile_model(mlp(), "sgd")
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), delete_checkpoint=False)
+    model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, callbacks=[backup])
+    return model, backup
+
+
+def _probe_backup_save(mirrored, tmp_path):
+    """The backup's weights file carries the epoch it was written at."""
+    import h5py
+
+    _, backup = _fit_with_backup(mirrored, tmp_path)
+    with h5py.File(backup._weights_path, "r") as handle:
+        return str(handle.attrs.get("keras_dist_training_metadata"))
+
+
+def _probe_backup_load(mirrored, tmp_path):
+    """Restoring trusts the epoch committed with the weights, not the JSON
+    file beside them (written after the rename, so it may lag)."""
+    import h5py
+
+    model, backup = _fit_with_backup(mirrored, tmp_path)
+    with h5py.File(backup._weights_path, "a") as handle:  # the committed epoch
+        handle.attrs["keras_dist_training_metadata"] = json.dumps({"epoch": 5, "batch": -1})
+    backup.set_model(model)
+    backup.on_train_begin()
+    return model._initial_epoch
+
+
+def _probe_loss_call(mirrored, tmp_path):
+    """An averaging loss inside strategy.run is refused."""
+    strategy = mirrored(4)
+    x, y = make_data(8)
+    loss = keras.losses.MeanSquaredError()
+    try:
+        for batch in strategy.experimental_distribute_dataset([(x, y)]):
+            strategy.run(lambda a, b: loss(b, a[:, :1]), args=batch)
+    except ValueError as error:
+        return f"refused: {str(error)[:40]}"
+    return "accepted"
+
+
+def _probe_replica_fit(mirrored, tmp_path):
+    """Per-replica training steps (BatchNorm, L2): weights and logged loss.
+    Five even batches of 8 over 4 replicas, then 3 rows: uneven shards."""
     x, y = make_data(43)
     with mirrored(4).scope():
         model = mlp(batch_norm=True, regularizer="l2")
-    model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy"])
-    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
-    model.fit(x, y, batch_size=10, verbose=0, callbacks=[backup])
-    model.evaluate(x, y, batch_size=10, verbose=0)
-    model.predict(x, batch_size=10, verbose=0)
-    model.train_on_batch(x[:6], y[:6])
-    model.test_on_batch(x[:6], y[:6])
-    model.predict_on_batch(x[:6])
-    model.save(tmp_path / "model.keras")
-    assert (tmp_path / "model.keras").exists()  # a single-worker job is its own chief
-    with mirrored(4).scope():  # Keras logs a loss per output
-        heads = two_heads()
-    heads.compile(optimizer="sgd", loss={"a": "binary_crossentropy", "b": "mse"})
-    heads.fit(x, {"a": y, "b": y}, batch_size=8, verbose=0)
-    never = [path for path, count in calls.items() if count == 0]
-    assert not never, f"hooks never called: {never}"
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    history = model.fit(x, y, batch_size=8, shuffle=False, verbose=0).history
+    return model.get_weights(), history["loss"]
+
+
+def _probe_per_output_losses(mirrored, tmp_path):
+    """A per-replica step of a two-output model: each output's logged loss."""
+    x, y = make_data(43)
+    with mirrored(4).scope():
+        model = two_heads()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss={"a": "binary_crossentropy", "b": "mse"})
+    history = model.fit(x, {"a": y, "b": y}, batch_size=8, shuffle=False, verbose=0).history
+    return history["a_loss"], history["b_loss"]
+
+
+class _ShardingRecorder(keras.layers.Layer):
+    """Records how the step splits its input over the devices (JAX: the
+    input's sharding as the compiled step sees it)."""
+
+    seen: list = []
+
+    def call(self, x):
+        if BACKEND == "jax":
+            import jax
+
+            jax.debug.inspect_array_sharding(x, callback=lambda s: _ShardingRecorder.seen.append(repr(s)))
+        return x
+
+
+def _step_probe(kind):
+    def probe(mirrored, tmp_path):
+        """Uneven batches split over replicas: the counting metric's state,
+        the predictions, the weights."""
+        x, y = make_data(10)
+        _ShardingRecorder.seen = []
+        with mirrored(4).scope():
+            model = compile_model(keras.Sequential([keras.Input((8,)), _ShardingRecorder(), mlp()]), "sgd")
+        if kind == "train":
+            model.fit(x, y, batch_size=10, verbose=0)
+            return model.get_weights(), [np.asarray(v) for v in model.metrics_variables], _ShardingRecorder.seen
+        if kind == "test":
+            model.evaluate(x, y, batch_size=10, verbose=0)
+            return [np.asarray(v) for v in model.metrics_variables], _ShardingRecorder.seen
+        return model.predict(x, batch_size=10, verbose=0), _ShardingRecorder.seen
+
+    return probe
+
+
+def _probe_optimizer_apply(mirrored, tmp_path):
+    """An optimizer first applied inside strategy.run builds its slots."""
+    import tensorflow as tf
+
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = mlp()
+        optimizer = keras.optimizers.Adam(0.01)
+    x, y = make_data(8)
+
+    @tf.function
+    def step(a, b):
+        def replica(a, b):
+            with tf.GradientTape() as tape:
+                per_example = keras.losses.binary_crossentropy(b, model(a))
+                loss = keras_dist.compute_average_loss(per_example)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return strategy.run(replica, args=(a, b))
+
+    for batch in strategy.experimental_distribute_dataset([(x, y)]):
+        step(*batch)
+    return model.get_weights()
+
+
+def _probe_symbolic_build(mirrored, tmp_path):
+    """A built model's second fit reads its PyDataset as often as plain Keras."""
+    return _dataset_reads(mirrored(2))
+
+
+def _dataset_reads(strategy):
+    x, y = make_data(40)
+
+    class Counting(keras.utils.PyDataset):
+        reads = 0
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            Counting.reads += 1
+            return x[index * 10 : (index + 1) * 10], y[index * 10 : (index + 1) * 10]
+
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        model = compile_model(mlp())
+    model.fit(Counting(), epochs=1, verbose=0)  # builds everything
+    Counting.reads = 0
+    model.fit(Counting(), epochs=1, verbose=0)
+    return Counting.reads
+
+
+_TRAINER = "keras.src.trainers.trainer:Trainer"
+_JAX_TRAINER = "keras.src.backend.jax.trainer"
+_TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
+_FILES = "keras.src.callbacks.backup_and_restore:BackupAndRestore"
+PROBES = {
+    f"{_TRAINER}.__init__": _probe_init,
+    f"{_TRAINER}.compile": _probe_compile,
+    **{f"keras.src.models.model:Model.{name}": _entry_probe(name) for name in (
+        "fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")},
+    "keras.src.models.model:Model.save": _probe_save,
+    f"{_FILES}._save_model": _probe_backup_save,
+    f"{_FILES}._load_model": _probe_backup_load,
+    "keras.src.losses.loss:Loss.__call__": _probe_loss_call,
+    "keras.src.losses.loss:scale_loss_for_distribution": _probe_replica_fit,
+    "keras.src.losses.loss:unscale_loss_for_distribution": _probe_per_output_losses,
+    "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments": _probe_replica_fit,
+    f"{_TRAINER}._aggregate_additional_loss": _probe_replica_fit,
+    f"{_JAX_TRAINER}:JAXTrainer.compute_loss_and_updates": _probe_replica_fit,
+    **{f"{_JAX_TRAINER}:JAXTrainer.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
+    f"{_JAX_TRAINER}:_distribute_data": _step_probe("train"),
+    **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
+    "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
+    f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
+}
+
+
+def test_every_hook_has_a_liveness_probe():
+    assert sorted(PROBES) == sorted(hook.target for hook in _hooks.HOOKS)
+
+
+@pytest.mark.parametrize("target", [hook.target for hook in _hooks.hooks_for(BACKEND)])
+def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, request):
+    """Reverting this one hook to Keras' original (a pass-through) changes
+    the probe's outcome: a hook that did nothing would fail here. (On JAX
+    the per-replica training step is forced on for the probes, as
+    multi-process CPU jobs take it.)"""
+    if BACKEND == "jax":
+        request.getfixturevalue("per_replica_step")
+    probe = PROBES[target]
+    extra = (monkeypatch,) if probe is _probe_save else ()
+    live = _outcome(probe, mirrored, tmp_path / "live", *extra)
+    owner, name = _hooks.resolve(target)
+    monkeypatch.setattr(owner, name, _hooks.ORIGINALS[target])
+    reverted = _outcome(probe, mirrored, tmp_path / "reverted", *extra)
+    _context.reset()  # a reverted entry hook may leave a scope behind
+    assert live[0] == "ok", live
+    assert not _same(live, reverted), (target, live, reverted)
 
 
 def test_compile_from_config_still_compiles(tmp_path, recwarn):
@@ -150,7 +363,7 @@ def test_jax_even_host_batches_enter_the_step_unplaced(mirrored):
     reference, distributed = twin(strategy)
     for model in (reference, distributed):  # 5 batches of 8 rows, then 3
         model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
-    program_for = distributed.train_function.step.program_for
+    program_for = jax_train_step(distributed).program_for
     host_program, host_data = program_for((x[:8], y[:8]))
     placed_program, placed_data = program_for((x[:3], y[:3]))
     assert host_program is not placed_program
@@ -165,27 +378,7 @@ def test_tensorflow_fit_draws_the_same_batches_as_plain_keras(mirrored):
     """Keras builds models symbolically under tf.distribute by pulling a batch
     from a fresh input iterator on every fit; keras_dist skips that once the
     model is built, so a PyDataset is read as often as in plain Keras."""
-    x, y = make_data(40)
-
-    class Counting(keras.utils.PyDataset):
-        reads = 0
-
-        def __len__(self):
-            return 4
-
-        def __getitem__(self, index):
-            Counting.reads += 1
-            return x[index * 10 : (index + 1) * 10], y[index * 10 : (index + 1) * 10]
-
-    reads = {}
-    for name, strategy in (("plain", None), ("mirrored", mirrored(2))):
-        with strategy.scope() if strategy else contextlib.nullcontext():
-            model = compile_model(mlp())
-        model.fit(Counting(), epochs=1, verbose=0)  # builds everything
-        Counting.reads = 0
-        model.fit(Counting(), epochs=1, verbose=0)
-        reads[name] = Counting.reads
-    assert reads["mirrored"] == reads["plain"], reads
+    assert _dataset_reads(mirrored(2)) == _dataset_reads(None)
 
 
 _PLAIN_SCRIPT = textwrap.dedent(
@@ -240,9 +433,9 @@ def test_private_copies_of_file_writing_callbacks(tmp_path):
     }
     private = tmp_path / "private"
     for attribute, callback in user.items():
-        copy = _hooks._private_copy(callback, str(private))
+        copy = _files.private_copy(callback, str(private))
         assert copy is not callback
         assert os.path.dirname(getattr(copy, attribute)) == str(private)
         assert str(tmp_path) in getattr(callback, attribute)  # the user's is untouched
     history = keras.callbacks.History()
-    assert _hooks._private_copy(history, str(private)) is history
+    assert _files.private_copy(history, str(private)) is history

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import BACKEND
@@ -157,7 +158,7 @@ def test_multi_worker_refuses_other_auto_shard_policies(mirrored, monkeypatch, p
     import tensorflow as tf
 
     strategy = mirrored(2)
-    monkeypatch.setattr(type(strategy), "_num_workers", lambda self: 2)
+    monkeypatch.setattr(type(strategy.extended), "num_workers", property(lambda self: 2))
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
@@ -174,3 +175,42 @@ def test_multi_worker_refuses_other_auto_shard_policies(mirrored, monkeypatch, p
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     model.fit(dataset.with_options(options), epochs=1, verbose=0)  # DATA is what we do
+
+
+RANDOM_WORKER = os.path.join(ROOT, "tests", "workers", "mw_random.py")
+
+
+def _run_single(tmp_path, worker, argv, timeout=240):
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("TF_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, worker, str(tmp_path), *argv], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def test_creating_the_strategy_leaves_the_users_random_state_alone(tmp_path):
+    """Seeded before the strategy: NumPy, Python and seeded tf.data draws made
+    after it equal a single process's, and a seeded-shuffle fit matches one
+    device (the multi_worker_with_keras tutorial's shape)."""
+    _run_single(tmp_path, RANDOM_WORKER, ["seeded"])
+    codes, outputs = _run_job(tmp_path, 2, ["seeded"], worker=RANDOM_WORKER)
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    single = json.loads((tmp_path / "random_single.json").read_text())
+    for index in range(2):
+        worker = json.loads((tmp_path / f"random_{index}.json").read_text())
+        for key in ("numpy", "python", "tf_data_order", "initial_checksum"):
+            assert worker.get(key) == single.get(key), (index, key)
+        diff = max(
+            float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+            for a, b in zip(worker["weights"], single["weights"])
+        )
+        assert diff <= 1e-5, (index, diff)
+
+
+def test_unseeded_workers_start_from_the_chiefs_weights(tmp_path):
+    codes, outputs = _run_job(tmp_path, 2, ["unseeded"], worker=RANDOM_WORKER)
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    checksums = {json.loads((tmp_path / f"random_{i}.json").read_text())["initial_checksum"] for i in range(2)}
+    assert len(checksums) == 1, checksums

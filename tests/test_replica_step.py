@@ -9,16 +9,9 @@ import keras
 
 import keras_dist
 from _helpers import make_data, mlp, two_heads
-from conftest import BACKEND
+from conftest import BACKEND, jax_train_step
 
 pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="JAX's per-replica step")
-
-
-@pytest.fixture
-def always(monkeypatch):
-    from keras_dist.backends.jax import _replica_step
-
-    monkeypatch.setattr(_replica_step, "POLICY", "always")
 
 
 def _compile(model, optimizer):
@@ -47,7 +40,7 @@ def _pair(strategy, build, optimizer):
     ],
     ids=["adam", "loss_scale_sgd"],
 )
-def test_per_replica_step_matches_one_device(always, mirrored, replicas, optimizer):
+def test_per_replica_step_matches_one_device(per_replica_step, mirrored, replicas, optimizer):
     """BatchNorm, an L2 regularizer, sample weights, AUC; 43 rows in batches
     of 8: five even batches (per replica) and a partial one (SPMD step)."""
     x, y = make_data(43)
@@ -60,7 +53,7 @@ def test_per_replica_step_matches_one_device(always, mirrored, replicas, optimiz
         m.fit(x, y, sample_weight=weights, batch_size=8, epochs=2, shuffle=False, verbose=0).history
         for m in (reference, distributed)
     ]
-    step = distributed.train_function.step
+    step = jax_train_step(distributed)
     assert step.replica_program is not None
     assert step.program_for((x[:8], y[:8]))[0] is step.replica_program
     assert step.program_for((x[:3], y[:3]))[0] is not step.replica_program
@@ -75,7 +68,7 @@ def test_per_replica_step_matches_one_device(always, mirrored, replicas, optimiz
     )
 
 
-def test_per_replica_step_logs_each_output_loss_as_one_device(always, mirrored):
+def test_per_replica_step_logs_each_output_loss_as_one_device(per_replica_step, mirrored):
     x, y = make_data(40)
     targets = {"a": y, "b": 2 * y - 1}
 
@@ -92,7 +85,7 @@ def test_per_replica_step_logs_each_output_loss_as_one_device(always, mirrored):
         distributed = compile_heads(two_heads())
     distributed.set_weights(reference.get_weights())
     fits = [m.fit(x, targets, batch_size=8, epochs=2, shuffle=False, verbose=0).history for m in (reference, distributed)]
-    assert distributed.train_function.step.replica_program is not None
+    assert jax_train_step(distributed).replica_program is not None
     assert set(fits[0]) == {"loss", "a_loss", "b_loss"}
     for key, values in fits[0].items():
         np.testing.assert_allclose(fits[1][key], values, atol=1e-5, err_msg=key)
@@ -116,7 +109,7 @@ def _custom_step():
 
 
 @pytest.mark.parametrize("build", [_with_dropout, _custom_step], ids=["dropout", "custom_train_step"])
-def test_models_it_cannot_run_exactly_keep_the_spmd_step(always, mirrored, build):
+def test_models_it_cannot_run_exactly_keep_the_spmd_step(per_replica_step, mirrored, build):
     """Random layers (each replica would draw its own numbers) and custom
     train steps (their gradients would not be summed) are left to SPMD."""
     x, y = make_data(16)
@@ -124,7 +117,7 @@ def test_models_it_cannot_run_exactly_keep_the_spmd_step(always, mirrored, build
     with strategy.scope():
         model = _compile(build(), keras.optimizers.SGD(0.1))
     model.fit(x, y, batch_size=8, verbose=0)
-    assert model.train_function.step.replica_program is None
+    assert jax_train_step(model).replica_program is None
 
 
 def test_single_process_jobs_keep_the_spmd_step(mirrored):
@@ -133,7 +126,7 @@ def test_single_process_jobs_keep_the_spmd_step(mirrored):
     with mirrored(2).scope():
         model = _compile(mlp(), keras.optimizers.SGD(0.1))
     model.fit(x, y, batch_size=8, verbose=0)
-    assert model.train_function.step.replica_program is None
+    assert jax_train_step(model).replica_program is None
 
 
 def test_gloo_event_loop_is_recognised_by_its_wait():

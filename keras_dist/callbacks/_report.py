@@ -45,7 +45,9 @@ class ScalingResult:
     ``samples_per_second`` over it, ``efficiency`` the speedup per replica.
 
     ```python
-    result = report.result  # a ScalingReport's, after fit
+    report = keras_dist.callbacks.ScalingReport(verbose=0)
+    model.fit(x, y, batch_size=64, epochs=2, callbacks=[report], verbose=0)
+    result = report.result
     print(f"{result.fractions['communication']:.0%} communication, {result.efficiency}")
     ```
     """

@@ -11,9 +11,10 @@ from typing import Optional
 import keras
 import numpy as np
 
-from keras_dist import _context, _hooks
+from keras_dist import _context
+from keras_dist._hooks import model_strategy
 from keras_dist.backends import backend_name, get_adapter
-from keras_dist.callbacks import _plot
+from keras_dist.callbacks import _plot, _timing
 from keras_dist.callbacks._report import PARTS, ScalingResult, available_cores, hints_for
 
 #: Steps slower than this many times the median are left out (compilation).
@@ -120,7 +121,7 @@ class ScalingReport(keras.callbacks.Callback):
         self._first_batch = None
         if self._undo is not None:
             self._undo()
-        self._undo = _hooks.time_train_function(self.model, self._record_call)
+        self._undo = _timing.time_train_function(self.model, self._record_call)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -146,7 +147,7 @@ class ScalingReport(keras.callbacks.Callback):
             self._undo = None
         if not self._steps:
             return
-        strategy = _hooks.model_strategy(self.model)
+        strategy = model_strategy(self.model)
         chief = _is_chief(strategy)
         self.result = self._analyse(strategy, chief)
         if chief and self.plot_path:
@@ -207,7 +208,7 @@ class ScalingReport(keras.callbacks.Callback):
         gradient_bytes = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes)
         estimate = 0.0
         if replicas > 1 and shapes:
-            estimate = get_adapter().time_all_reduce(strategy._get_engine(), shapes)
+            estimate = get_adapter().time_all_reduce(strategy.extended.engine, shapes)
         communication = min(estimate, program)
         seconds = {
             "input": fetch / batches,
@@ -261,7 +262,7 @@ class ScalingReport(keras.callbacks.Callback):
                 "No single part of the step stands out: the work per step is "
                 "likely too small to split; try a larger batch.",
             )
-        ops = getattr(strategy, "_cross_device_ops", None)
+        ops = strategy.extended.cross_device_ops if strategy is not None else None
         return ScalingResult(
             backend=backend_name(),
             replicas=replicas,
@@ -289,8 +290,7 @@ class ScalingReport(keras.callbacks.Callback):
 
 def _workers(strategy) -> int:
     """Worker processes of the job (1 unless multi-worker)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    return getattr(resolver, "num_workers", 1) if resolver is not None else 1
+    return strategy.extended.num_workers if strategy is not None else 1
 
 
 def _is_chief(strategy) -> bool:

@@ -108,8 +108,9 @@ result = {
 }
 if keras.backend.backend() == "jax":  # which program an even batch trains through
     from keras_dist.backends.jax import _gloo
+    from keras_dist.backends.jax._step import JaxStep
 
-    step = model.train_function.step
+    step = JaxStep(model, strategy.extended.engine, "train")  # as fit builds it
     even = (x[: strategy.num_replicas_in_sync], y[: strategy.num_replicas_in_sync])
     result["even_batch_per_replica"] = step.program_for(even)[0] is step.replica_program
     result["gloo_event_loops_idle"] = [os.sched_getscheduler(t) == os.SCHED_IDLE for t in _gloo.gloo_event_loop_threads()]

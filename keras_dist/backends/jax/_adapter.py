@@ -1,406 +1,44 @@
-"""JAX implementation of the backend adapter protocol."""
+"""`JaxAdapter`: the JAX implementation of `keras_dist.backends.BackendAdapter`.
+
+Each method is a function of the module that owns the concern: `_engine`
+(mesh, shardings, placement), `_cluster` (`jax.distributed`), `_replica`
+(custom loops), `_step` (fit's compiled steps), `_replica_step`
+(per-replica steps), `_time` (timing a collective).
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import Any
-
-import jax
-import keras
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
-
-from keras_dist import _devices
-from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
-
-name = "jax"
-BATCH_AXIS = "batch"
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class JaxEngine:
-    """The mesh and Keras distribution behind one keras_dist strategy."""
-
-    devices: tuple  # jax.Device objects, in replica order
-    mesh: Mesh
-    distribution: Any  # keras.distribution.DataParallel
-    #: XLA options for every program compiled for this engine (None: XLA's).
-    compiler_options: Any = None
-
-    @property
-    def num_replicas(self) -> int:
-        return len(self.devices)
-
-
-def _canonical(device) -> str:
-    return f"{device.platform}:{device.id}"
-
-
-def visible_devices() -> tuple[str, ...]:
-    return tuple(_canonical(d) for d in jax.local_devices())
-
-
-def global_devices() -> tuple[str, ...]:
-    """All devices of all processes, in JAX's (process-major) order."""
-    return tuple(_canonical(d) for d in jax.devices())
-
-
-_multi_worker = {"initialized": False}
-
-
-def initialize_multi_worker(resolver, options) -> None:
-    """Joins the job through `jax.distributed` (once per process).
-
-    The coordinator is `KERAS_DIST_COORDINATOR` (set by `keras-dist
-    launch`) or the chief's address; CPU collectives go through gloo.
-    """
-    if resolver.num_workers <= 1 or _multi_worker["initialized"]:
-        return
-    if options.implementation.value == "NCCL" and not any(
-        d.platform == "gpu" for d in jax.local_devices()
-    ):
-        raise ValueError(
-            "CommunicationImplementation.NCCL needs GPUs; this worker has none. "
-            "Use AUTO or RING (gloo) on CPU."
-        )
-    from keras_dist.backends.jax import _gloo
-
-    _gloo.event_loop_choice()  # a bad setting fails before joining the job
-    coordinator = os.environ.get("KERAS_DIST_COORDINATOR") or resolver.chief_address
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    timeout = options.timeout_seconds
-    kwargs = {}
-    if timeout is not None:
-        kwargs = {
-            "initialization_timeout": max(1, int(timeout)),
-            # a dead peer is declared after this; survivors exit within
-            # `timeout` (JAX adds a few seconds of polling)
-            "heartbeat_timeout_seconds": max(1, int(timeout) // 2),
-        }
-    try:
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=resolver.num_workers,
-            process_id=resolver.worker_index,
-            **kwargs,
-        )
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"Worker {resolver.worker_index} of {resolver.num_workers} could "
-            f"not join the job through the coordinator at {coordinator}: "
-            f"{error}. Create MultiWorkerMirroredStrategy before any JAX "
-            "computation, and start every worker (keras-dist launch does)."
-        ) from error
-    _multi_worker["initialized"] = True
-    # Variables are created on every worker from Keras' random seed; JAX
-    # requires their initial values to agree, so every worker takes the
-    # chief's seed (drawn from its global numpy state).
-    from jax.experimental import multihost_utils
-
-    seed = multihost_utils.broadcast_one_to_all(np.int64(np.random.randint(2**31 - 1)))
-    keras.utils.set_random_seed(int(seed))
-    if all(d.platform == "cpu" for d in jax.local_devices()):
-        _gloo.yield_event_loop()  # that collective started gloo
-
-
-_PEER_FAILURE_TEXTS = ("Connection reset", "Connection closed", "Socket closed", "heartbeat", "Gloo", "gloo")
-
-
-def is_peer_failure(error: BaseException) -> bool:
-    """Whether `error` is a collective that failed for want of a peer.
-
-    (When the coordination service sees a peer's heartbeat stop, JAX
-    terminates the process itself, with its own message.)
-    """
-    return isinstance(error, jax.errors.JaxRuntimeError) and any(
-        text in str(error) for text in _PEER_FAILURE_TEXTS
-    )
-
-
-def is_multi_process() -> bool:
-    return _multi_worker["initialized"]
-
-
-def simulate_cpu_devices(count: int) -> None:
-    """Splits the host CPU into `count` JAX devices.
-
-    Must run before JAX starts its backend (before any array is created).
-    """
-    try:
-        jax.config.update("jax_num_cpu_devices", int(count))
-    except RuntimeError as error:
-        current = len(jax.devices("cpu"))
-        if current == count:
-            return
-        raise RuntimeError(
-            f"JAX already started with {current} CPU device(s); cannot switch "
-            f"to {count}. Call keras_dist.simulate_cpu_devices({count}) before "
-            "any JAX computation, or set XLA_FLAGS="
-            f"--xla_force_host_platform_device_count={count} before starting "
-            "Python."
-        ) from error
-    os.environ.setdefault("KERAS_DIST_SIMULATED_DEVICES", str(count))
-
-
-class _StrategyDistribution(keras.distribution.DataParallel):
-    """Keras' DataParallel, tagged with the keras_dist engine that owns it."""
-
-    keras_dist_engine: "JaxEngine | None" = None
-
-
-#: XLA's passes that combine independent all-reduces into one (their names
-#: on CPU, on GPU, and the generic pass). Disabling them leaves one
-#: all-reduce per reduced tensor.
-_ALL_REDUCE_COMBINERS = "cpu-all-reduce-combiner,gpu-all-reduce-combiner,all-reduce-combiner"
-
-
-def check_cross_device_ops(ops, devices) -> None:
-    """Raises if XLA cannot do what `ops` asks (see `compiler_options_for`)."""
-    if ops is None:
-        return
-    name = type(ops).__name__
-    if isinstance(ops, _PackedAllReduce) and ops.num_packs > 1:
-        raise ValueError(
-            f"{name}(num_packs={ops.num_packs}) cannot be honoured on JAX: XLA "
-            "packs a step's all-reduces itself and offers two settings, "
-            "num_packs=1 (all combined into one all-reduce, the default) and "
-            "num_packs=0 (one all-reduce per tensor). Use one of those; "
-            "other pack counts are a TensorFlow-engine setting."
-        )
-    if isinstance(ops, ReductionToOneDevice) and (
-        ops.reduce_to_device is not None or ops.accumulation_fn is not None
-    ):
-        raise ValueError(
-            "ReductionToOneDevice(reduce_to_device=..., accumulation_fn=...) "
-            "are TensorFlow-engine settings: on JAX, XLA's all-reduce leaves "
-            "the sum on every device, with no device or summing function to "
-            "choose. Use keras_dist.ReductionToOneDevice() on JAX."
-        )
-
-
-def compiler_options_for(ops):
-    """XLA compile options that carry out a cross-device ops choice.
-
-    None and ``num_packs=1``: XLA's default, which combines the all-reduces
-    of a step (the gradients' among them) into one. ``num_packs=0`` and
-    `ReductionToOneDevice`: the combiner passes are disabled, so every
-    reduced tensor keeps its own all-reduce.
-    """
-    if ops is None or (isinstance(ops, _PackedAllReduce) and ops.num_packs == 1):
-        return None
-    return {"xla_disable_hlo_passes": _ALL_REDUCE_COMBINERS}
-
-
-def create_engine(strategy) -> JaxEngine:
-    by_name = {_canonical(d): d for d in jax.devices()}
-    devices = tuple(by_name[d] for d in strategy._engine_devices())
-    device_mesh = keras.distribution.DeviceMesh(
-        shape=(len(devices),),
-        axis_names=[BATCH_AXIS],
-        devices=[_canonical(d) for d in devices],
-    )
-    distribution = _StrategyDistribution(
-        device_mesh=device_mesh, auto_shard_dataset=False
-    )
-    mesh = device_mesh.backend_mesh
-    engine = JaxEngine(
-        devices=devices,
-        mesh=mesh,
-        distribution=distribution,
-        compiler_options=compiler_options_for(strategy._cross_device_ops),
-    )
-    distribution.keras_dist_engine = engine
-    return engine
-
-
-def scope(engine: JaxEngine):
-    return engine.distribution.scope()
-
-
-def engine_of_distribution(distribution) -> "JaxEngine | None":
-    """The keras_dist engine behind a Keras distribution, if any."""
-    return getattr(distribution, "keras_dist_engine", None)
-
-
-def owns_variable(engine: JaxEngine, variable) -> bool:
-    value = getattr(variable, "_value", None)
-    if value is None:  # state lives in the running step; nothing to check
-        return True
-    sharding = getattr(value, "sharding", None)
-    if sharding is None:
-        return False
-    return sharding.device_set == set(engine.devices) and (
-        sharding.is_fully_replicated
-    )
-
-
-def replicated_sharding(engine: JaxEngine):
-    if engine.num_replicas == 1:
-        # JAX gives one-device arrays a SingleDeviceSharding; using the same
-        # kind here keeps jit from recompiling when state changes hands.
-        return SingleDeviceSharding(engine.devices[0])
-    return NamedSharding(engine.mesh, PartitionSpec())
-
-
-def batch_sharding(engine: JaxEngine, ndim: int):
-    if engine.num_replicas == 1:
-        return SingleDeviceSharding(engine.devices[0])
-    spec = PartitionSpec(BATCH_AXIS, *([None] * (ndim - 1)))
-    return NamedSharding(engine.mesh, spec)
-
-
-def constrain_batch(engine: JaxEngine, data):
-    """Inside a jitted step: split every array's leading axis over replicas.
-
-    Works for any batch size; XLA pads uneven shards and masks reductions.
-    """
-    if engine.num_replicas == 1:
-        return data
-
-    def constrain(x):
-        if x is None or not hasattr(x, "ndim") or x.ndim == 0:
-            return x
-        return jax.lax.with_sharding_constraint(
-            x, batch_sharding(engine, x.ndim)
-        )
-
-    return jax.tree_util.tree_map(constrain, data)
-
-
-def place_host_data(engine: JaxEngine, data):
-    """Puts host (numpy) leaves of a global batch on the mesh, split by rows.
-
-    Leaves that are already JAX arrays are left where they are.
-    """
-
-    def place(x):
-        if x is None or isinstance(x, jax.Array):
-            return x
-        x = np.asarray(x)
-        if x.ndim == 0:
-            return x
-        return place_global_batch(engine, x, batch_sharding(engine, x.ndim))
-
-    return jax.tree_util.tree_map(place, data)
-
-
-def splits_evenly_on_entry(engine: JaxEngine, data) -> bool:
-    """Whether a jitted step can take `data` as is, split by rows on entry.
-
-    True for host (numpy) batches whose rows divide evenly over the
-    replicas of a single-process engine; jit then transfers them in C++
-    (as it does for plain Keras). Everything else is placed beforehand
-    with `place_host_data`.
-    """
-    if is_multi_process():
-        return False
-    leaves = jax.tree_util.tree_leaves(data)
-    if any(type(leaf) is not np.ndarray or leaf.ndim == 0 for leaf in leaves):
-        return False
-    return divides_evenly(engine, data)
-
-
-def _row_counts(data) -> list[int]:
-    return [x.shape[0] for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
-
-
-def divides_evenly(engine: JaxEngine, data) -> bool:
-    """Whether a batch has arrays, and their rows divide over the replicas."""
-    rows = _row_counts(data)
-    return bool(rows) and not _is_uneven(engine, data)
-
-
-def _is_uneven(engine: JaxEngine, data) -> bool:
-    return any(rows % engine.num_replicas for rows in _row_counts(data))
-
-
-def gather_uneven_outputs(engine: JaxEngine, data, outputs):
-    """Inside a jitted step: replicate outputs of an uneven batch.
-
-    An uneven batch leaves XLA's padded sharding on the outputs, which JAX
-    cannot express as a `NamedSharding`; replicating them avoids that.
-    """
-    if engine.num_replicas == 1 or not (
-        _is_uneven(engine, data) or is_multi_process()
-    ):  # multi-process: replicate so every worker can read the result
-        return outputs
-    return jax.tree_util.tree_map(
-        lambda y: jax.lax.with_sharding_constraint(y, replicated_sharding(engine)),
-        outputs,
-    )
-
-
-def place_global_batch(engine: JaxEngine, array, sharding):
-    """Puts one host array on the mesh; uneven batches go replicated."""
-    if (
-        isinstance(sharding, NamedSharding)
-        and sharding.mesh == engine.mesh
-        and np.ndim(array) >= 1
-        and array.shape[0] % engine.num_replicas != 0
-        and any(axis is not None for axis in sharding.spec)
-    ):
-        sharding = replicated_sharding(engine)
-    if is_multi_process():  # every worker holds the same global batch
-        return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
-    return jax.device_put(array, sharding)
-
-
-def sync_from_chief(values):
-    """The chief's values of a list of replicated arrays, on every worker."""
-    if not is_multi_process():
-        return values
-    from jax.experimental import multihost_utils
-
-    local = [np.asarray(v.addressable_data(0)) for v in values]
-    return multihost_utils.broadcast_one_to_all(local)
-
-
-def time_all_reduce(engine: JaxEngine, shapes_and_dtypes, repeats: int = 5) -> float:
-    """Median seconds to all-reduce buffers of these shapes over the engine.
-
-    One compiled program sums one buffer per shape across the replicas, as
-    the training step sums the gradients (same mesh, same compile options,
-    so the same packing; one flat buffer where the step trains per
-    replica); every worker must call it (it is a collective).
-    """
-    if engine.num_replicas == 1 or not shapes_and_dtypes:
-        return 0.0
-    import time
-
-    from keras_dist.backends.jax import _replica_step
-
-    if _replica_step.engine_trains_per_replica(engine):  # one flat buffer per dtype
-        sizes = {}
-        for shape, dtype in shapes_and_dtypes:
-            sizes[dtype] = sizes.get(dtype, 0) + int(np.prod(shape))
-        shapes_and_dtypes = [((size,), dtype) for dtype, size in sizes.items()]
-
-    sharding = NamedSharding(engine.mesh, PartitionSpec(BATCH_AXIS))
-    buffers = []
-    for shape, dtype in shapes_and_dtypes:
-        global_shape = (engine.num_replicas,) + tuple(shape)
-        zeros = np.zeros((1,) + tuple(shape), dtype)
-        buffers.append(
-            jax.make_array_from_callback(global_shape, sharding, lambda index, z=zeros: z)
-        )
-
-    def body(*values):
-        return [jax.lax.psum(value[0], BATCH_AXIS) for value in values]
-
-    program = jax.jit(
-        jax.shard_map(
-            body,
-            mesh=engine.mesh,
-            in_specs=(PartitionSpec(BATCH_AXIS),) * len(buffers),
-            out_specs=[PartitionSpec()] * len(buffers),
-        ),
-        compiler_options=engine.compiler_options,
-    )
-    jax.block_until_ready(program(*buffers))  # compile and warm up
-    times = []
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        jax.block_until_ready(program(*buffers))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+from keras_dist.backends._base import BackendAdapter
+from keras_dist.backends.jax import _cluster, _engine, _replica, _replica_step, _step, _time
+
+
+class JaxAdapter(BackendAdapter):
+    name = "jax"
+    # devices and placement
+    visible_devices = staticmethod(_engine.visible_devices)
+    global_devices = staticmethod(_engine.global_devices)
+    simulate_cpu_devices = staticmethod(_engine.simulate_cpu_devices)
+    check_cross_device_ops = staticmethod(_engine.check_cross_device_ops)
+    create_engine = staticmethod(_engine.create_engine)
+    scope = staticmethod(_engine.scope)
+    owns_variable = staticmethod(_engine.owns_variable)
+    # multi-process jobs
+    initialize_multi_worker = staticmethod(_cluster.initialize_multi_worker)
+    is_multi_process = staticmethod(_cluster.is_multi_process)
+    is_peer_failure = staticmethod(_cluster.is_peer_failure)
+    # input
+    iterate_batches = staticmethod(_replica.iterate_batches)
+    split_global_batch = staticmethod(_replica.split_global_batch)
+    combine_replica_batches = staticmethod(_replica.combine_replica_batches)
+    # custom loops
+    run = staticmethod(_replica.run)
+    reduce = staticmethod(_replica.reduce)
+    gather = staticmethod(_replica.gather)
+    local_results = staticmethod(_replica.local_results)
+    # Keras training steps
+    make_trainer_function = staticmethod(_step.make_trainer_function)
+    build_outside_replicas = staticmethod(_replica.build_outside_replicas)
+    sum_gradients_over_replicas = staticmethod(_replica_step.sum_gradients_over_replicas)
+    global_moments = staticmethod(_replica_step.global_moments)
+    # measurement
+    time_all_reduce = staticmethod(_time.time_all_reduce)

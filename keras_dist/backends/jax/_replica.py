@@ -29,11 +29,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import collections
+
 from keras_dist import _context
 from keras_dist._reduce import ReduceOp
+from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_sizes
 from keras_dist._values import PerReplica
-from keras_dist.backends.jax._adapter import (
+from keras_dist.backends.jax._engine import (
     BATCH_AXIS,
     place_global_batch,
     replicated_sharding,
@@ -143,7 +146,7 @@ def combine_replica_batches(engine, batches):
 # -- replica context ------------------------------------------------------
 
 
-class _ReplicaOps:
+class _ReplicaOps(ReplicaOps):
     def __init__(self, engine, counts):
         self.engine = engine
         self.counts = counts
@@ -202,17 +205,17 @@ class _ReplicaOps:
 # -- run ------------------------------------------------------------------
 
 _DYNAMIC = (jax.Array, np.ndarray, np.generic, float, int, bool, complex)
-_run_cache: dict = {}
+#: Compiled `run` programs, most recently used last; at most `_RUN_CACHE_SIZE`
+#: (a loop that makes a new function per step must not grow memory forever).
+_run_cache: "collections.OrderedDict" = collections.OrderedDict()
+_RUN_CACHE_SIZE = 64
 
 
 def _is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def run(strategy, fn, args, kwargs):
-    from keras_dist._strategy import ReplicaContext
-
-    engine = strategy._get_engine()
+def run(strategy, engine, fn, args, kwargs):
     leaves, treedef = jax.tree_util.tree_flatten(
         (args, kwargs), is_leaf=lambda x: isinstance(x, JaxPerReplica)
     )
@@ -244,8 +247,12 @@ def run(strategy, fn, args, kwargs):
     key = (fn, treedef, tuple(kinds), signature, tuple(id(s) for s in static), id(engine))
     compiled = _run_cache.get(key)
     if compiled is None:
-        compiled = _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dynamic, ReplicaContext)
+        compiled = _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dynamic)
         _run_cache[key] = compiled
+        while len(_run_cache) > _RUN_CACHE_SIZE:
+            _run_cache.popitem(last=False)
+    else:
+        _run_cache.move_to_end(key)
     call, out_treedef, out_kinds = compiled
     outputs = call(*dynamic)
     wrapped = []
@@ -257,7 +264,7 @@ def run(strategy, fn, args, kwargs):
     return jax.tree_util.tree_unflatten(out_treedef, wrapped)
 
 
-def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dynamic, ReplicaContext):
+def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dynamic):
     in_specs = tuple(P(BATCH_AXIS) if kind == "per_replica" else P() for kind, _ in kinds if kind != "static")
     rows = None if batch_counts is None else max(batch_counts)
     record = {}
@@ -273,7 +280,7 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
             else:
                 leaves.append(next(values))
         args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-        context = ReplicaContext(
+        context = _context.ReplicaContext(
             strategy, jax.lax.axis_index(BATCH_AXIS), _ReplicaOps(engine, batch_counts)
         )
         with _context.in_replica(context):
@@ -320,18 +327,18 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
 # -- cross-replica --------------------------------------------------------
 
 
-def _components(strategy, value):
+def _components(value):
     if isinstance(value, PerReplica):
         return list(value.values)
     return None
 
 
-def reduce(strategy, reduce_op, value, axis):
-    num = strategy.num_replicas_in_sync
+def reduce(engine, reduce_op, value, axis):
+    num = engine.num_replicas
     if isinstance(value, JaxPerReplica) and value.counts is None and axis is None:
         total = jnp.sum(value.array, axis=0)
         return total / num if reduce_op is ReduceOp.MEAN else total
-    parts = _components(strategy, value)
+    parts = _components(value)
     if parts is None:
         if reduce_op is ReduceOp.MEAN or num == 1:
             return value if axis is None else (
@@ -358,18 +365,17 @@ def reduce(strategy, reduce_op, value, axis):
     return total / count
 
 
-def gather(strategy, value, axis):
-    parts = _components(strategy, value)
+def gather(engine, value, axis):
+    parts = _components(value)
     if parts is None:
-        parts = [value] * strategy.num_replicas_in_sync
+        parts = [value] * engine.num_replicas
     return jnp.concatenate([jnp.asarray(p) for p in parts], axis=axis)
 
 
-def local_results(strategy, value):
-    parts = _components(strategy, value)
+def local_results(engine, value):
+    parts = _components(value)
     if parts is not None:
         return tuple(parts)
-    engine = strategy._get_engine()
     if (
         isinstance(value, jax.Array)
         and not _is_tracer(value)
@@ -379,3 +385,16 @@ def local_results(strategy, value):
         by_device = {shard.device: shard.data for shard in value.addressable_shards}
         return tuple(by_device[device] for device in engine.devices)
     return (value,)
+
+
+def build_outside_replicas(build_fn):
+    """JAX traces `run`'s function, where variables cannot be created: inside
+    `run` this refuses with the fix (build before the loop); outside it
+    simply builds."""
+    if _context.replica_context() is not None:
+        raise RuntimeError(
+            "A Keras optimizer was built inside strategy.run on JAX, where "
+            "the function is traced and cannot create variables. Build it "
+            "before the loop: optimizer.build(model.trainable_variables)."
+        )
+    build_fn()

@@ -19,10 +19,10 @@ many under `jax.shard_map`, as the TensorFlow engine runs it:
   all-reduce, and the logs are computed from the combined values.
 
 It is taken only where it computes what one device computes: batches that
-divide evenly over the replicas (`_adapter.divides_evenly`), default packing
-(`engine_trains_per_replica`), and models that use Keras' own `train_step`
+divide evenly over the replicas (`_engine.divides_evenly`), default packing
+(`_engine.trains_per_replica`), and models that use Keras' own `train_step`
 and `compute_loss_and_updates` and have no random layers (each replica
-would draw its own numbers; checked in `keras_dist._hooks`). Everything
+would draw its own numbers; `_step.trains_exactly_per_replica`). Everything
 else keeps the SPMD step.
 """
 
@@ -35,12 +35,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from keras_dist import _moments, _shard
-from keras_dist._shard import in_replica_step, scale_factor, unscale_factor  # noqa: F401
-from keras_dist.backends.jax import _adapter
-from keras_dist.backends.jax._adapter import BATCH_AXIS
-
-#: "auto": multi-process CPU engines only; "always"/"never" (tests).
-POLICY = "auto"
+from keras_dist.backends.jax._engine import BATCH_AXIS
 
 
 def packed_psum(values):
@@ -88,15 +83,6 @@ def sum_gradients_over_replicas(values):
 def global_moments(inputs, axes, mask):
     """BatchNormalization moments over the global batch (see `keras_dist._moments`)."""
     return _moments.global_moments(inputs, axes, mask, packed_psum)
-
-
-def engine_trains_per_replica(engine) -> bool:
-    """Whether `engine` runs per-replica steps (for the models that can)."""
-    if POLICY == "never" or engine.num_replicas == 1 or engine.compiler_options is not None:
-        return False
-    return POLICY == "always" or (
-        _adapter.is_multi_process() and all(d.platform == "cpu" for d in engine.devices)
-    )
 
 
 def _combine_metric_variables(variables, old, new, num_replicas):

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import values as tf_values
 
 from keras_dist import _context
+from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_bounds
 from keras_dist._values import DistributedValues, Mirrored, PerReplica
 
@@ -58,7 +59,7 @@ def combine_replica_batches(engine, batches):
     return engine.experimental_distribute_values_from_function(value_fn)
 
 
-class _ReplicaOps:
+class _ReplicaOps(ReplicaOps):
     def __init__(self, context):
         self.context = context
 
@@ -76,14 +77,10 @@ class _ReplicaOps:
         return self.context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
 
 
-def run(strategy, fn, args, kwargs):
-    from keras_dist._strategy import ReplicaContext
-
-    engine = strategy._get_engine()
-
+def run(strategy, engine, fn, args, kwargs):
     def replica_fn(*replica_args, **replica_kwargs):
         tf_context = tf.distribute.get_replica_context()
-        context = ReplicaContext(
+        context = _context.ReplicaContext(
             strategy, tf_context.replica_id_in_sync_group, _ReplicaOps(tf_context)
         )
         with _context.in_replica(context):
@@ -92,16 +89,16 @@ def run(strategy, fn, args, kwargs):
     return engine.run(replica_fn, args=args, kwargs=kwargs)
 
 
-def reduce(strategy, reduce_op, value, axis):
-    return strategy._get_engine().reduce(_TF_OPS[reduce_op.value], value, axis=axis)
+def reduce(engine, reduce_op, value, axis):
+    return engine.reduce(_TF_OPS[reduce_op.value], value, axis=axis)
 
 
-def gather(strategy, value, axis):
-    return strategy._get_engine().gather(value, axis)
+def gather(engine, value, axis):
+    return engine.gather(value, axis)
 
 
-def local_results(strategy, value):
-    return strategy._get_engine().experimental_local_results(value)
+def local_results(engine, value):
+    return engine.experimental_local_results(value)
 
 
 def build_outside_replicas(build_fn):

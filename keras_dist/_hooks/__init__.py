@@ -1,0 +1,127 @@
+"""Every contact between keras_dist and Keras' trainer internals.
+
+Each hook wraps one Keras function or method. A wrapper first asks whether
+the model (or the running step) belongs to a keras_dist strategy; if not it
+calls the original unchanged, so code outside a strategy behaves exactly as
+plain Keras. When a Keras upgrade moves one of these names, `install()`
+fails here, loudly, naming it. `HOOKS` below is the one list: `install()`,
+this docstring's table and the hooks test all read it. The modules, by
+concern: `_patching` (mechanics), `_entry` (scope and entry checks),
+`_files` (checkpoints, chief-only files), `_losses` (loss scaling,
+BatchNorm moments), `_steps` (the distributed steps, from the backend
+adapter). Nothing here imports jax or tensorflow.
+
+Hooks:
+{table}
+"""
+
+from __future__ import annotations
+
+from keras_dist._hooks import _entry, _files, _losses, _steps
+from keras_dist._hooks._patching import ORIGINALS, Hook, model_strategy, patch, resolve
+from keras_dist._shard import scale_factor, unscale_factor
+from keras_dist.backends import backend_name
+
+__all__ = ["HOOKS", "ORIGINALS", "Hook", "hooks_for", "install", "model_strategy", "resolve"]
+
+_TRAINER = "keras.src.trainers.trainer:Trainer"
+_MODEL = "keras.src.models.model:Model"
+_LOSS = "keras.src.losses"
+_JAX_TRAINER = "keras.src.backend.jax.trainer"
+_TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
+_JAX, _TF = ("jax",), ("tensorflow",)
+
+HOOKS: tuple = (
+    # scope and entry checks
+    Hook(f"{_TRAINER}.__init__", _entry.wrap_trainer_init, purpose="remember the strategy in scope"),
+    Hook(
+        f"{_TRAINER}.compile",
+        _entry.wrap_compile,
+        purpose="compile under the model's strategy (on Trainer: Keras skips "
+        "compile_from_config when `compile` is overridden)",
+    ),
+    *(
+        Hook(f"{_MODEL}.{name}", _entry.wrap_entry(name), purpose="check, then run in the model's scope")
+        for name in _entry.ENTRY_POINTS
+    ),
+    # checkpoints and chief-only files
+    Hook(f"{_MODEL}.save", _files.wrap_save, purpose="non-chief workers save to a private temp file"),
+    Hook(f"{_files.BACKUP}._save_model", _files.wrap_backup_save, purpose="atomic backups; non-chief: private dir"),
+    Hook(f"{_files.BACKUP}._load_model", _files.wrap_backup_load, purpose="the epoch committed with the weights"),
+    # loss scaling and BatchNorm moments
+    Hook(f"{_LOSS}.loss:Loss.__call__", _losses.wrap_loss_call, purpose="refuse per-replica averaging in run()"),
+    Hook(
+        f"{_LOSS}.loss:scale_loss_for_distribution",
+        _losses.wrap_scale(scale_factor),
+        purpose="replica step: scale by this replica's share of the global batch",
+    ),
+    Hook(
+        f"{_LOSS}.loss:unscale_loss_for_distribution",
+        _losses.wrap_scale(unscale_factor),
+        purpose="replica step: undo that scaling for the logged loss",
+    ),
+    Hook(
+        "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
+        _losses.wrap_moments,
+        purpose="replica step: moments of the global batch",
+    ),
+    Hook(
+        f"{_TRAINER}._aggregate_additional_loss",
+        _losses.wrap_additional_loss,
+        _JAX,
+        purpose="replica step: scale regularization like the loss",
+    ),
+    Hook(
+        f"{_JAX_TRAINER}:JAXTrainer.compute_loss_and_updates",
+        _losses.wrap_compute_loss_and_updates,
+        _JAX,
+        purpose="replica step: sum gradients over replicas, packed",
+    ),
+    # the distributed steps
+    *(
+        Hook(f"{_JAX_TRAINER}:JAXTrainer.make_{kind}_function", _steps.wrap_make_function(kind), _JAX,
+             purpose="the adapter's step")
+        for kind in ("train", "test", "predict")
+    ),
+    Hook(f"{_JAX_TRAINER}:_distribute_data", _steps.wrap_distribute_data, _JAX, purpose="leave batches to the step"),
+    *(
+        Hook(f"{_TF_TRAINER}.make_{kind}_function", _steps.wrap_make_function(kind), _TF,
+             purpose="the adapter's step")
+        for kind in ("train", "test", "predict")
+    ),
+    Hook(
+        "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
+        _steps.wrap_optimizer_apply,
+        _TF,
+        purpose="build slots outside replicas in run()",
+    ),
+    Hook(
+        f"{_TF_TRAINER}._maybe_symbolic_build",
+        _steps.wrap_maybe_symbolic_build,
+        _TF,
+        purpose="skip when all is built (no extra batch per fit)",
+    ),
+)
+
+__doc__ = __doc__.format(
+    table="\n".join(
+        f"  {hook.target}  [{', '.join(hook.backends)}]\n      {hook.purpose}" for hook in HOOKS
+    )
+)
+
+_installed = False
+
+
+def hooks_for(backend: str) -> list:
+    """The hooks installed on `backend`."""
+    return [hook for hook in HOOKS if backend in hook.backends]
+
+
+def install() -> None:
+    """Installs the hooks for the current backend (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    for hook in hooks_for(backend_name()):
+        patch(hook)
+    _installed = True

@@ -1,0 +1,154 @@
+"""Scope and entry checks: a model remembers the strategy it was created
+under; `compile`, `fit`, `evaluate`, `predict` and `*_on_batch` check it and
+run inside that strategy's scope."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import keras
+
+from keras_dist import _context
+from keras_dist._communication import PeerWorkerError
+from keras_dist._hooks import _files
+from keras_dist._hooks._patching import model_strategy, remember_strategy
+from keras_dist._input import check_auto_shard_policy
+from keras_dist._split import validate_batch_size
+from keras_dist.backends import get_adapter
+
+_BATCH_ARGUMENTS = {
+    "fit": ("batch_size", "validation_batch_size"),
+    "evaluate": ("batch_size",),
+    "predict": ("batch_size",),
+}
+ENTRY_POINTS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")
+
+
+def wrap_trainer_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        remember_strategy(self, _context.current_strategy())
+
+    return __init__
+
+
+def _check_scope(model, strategy, action: str) -> None:
+    active = _context.current_strategy()
+    if strategy is None:
+        if active is not None:
+            raise ValueError(
+                f"Cannot {action} model {model.name!r} under {active!r}: the "
+                "model was created outside any strategy scope, so its "
+                "variables are not distributed. Create the model inside "
+                "`with strategy.scope():`."
+            )
+        return
+    if active is not None and active is not strategy:
+        raise ValueError(
+            f"Cannot {action} model {model.name!r} under {active!r}: it was "
+            f"created under {strategy!r}. A model trains only with the "
+            "strategy it was created under; exit this scope, or rebuild the "
+            "model inside the new strategy's scope."
+        )
+
+
+def _check_variables(strategy, variables, what: str) -> None:
+    for variable in variables:
+        if not strategy.extended.variable_created_in_scope(variable):
+            raise ValueError(
+                f"{what} variable {variable.path!r} was created outside "
+                f"the scope of {strategy!r}, so it is not distributed with "
+                "the rest. Create every layer, optimizer and metric of the "
+                "model inside `with strategy.scope():` (optimizers and "
+                "metrics given by name, e.g. optimizer='adam', are created "
+                "there for you)."
+            )
+
+
+def _check_model_variables(model, strategy) -> None:
+    _check_variables(strategy, model.variables, "Model")
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        _check_variables(strategy, optimizer.variables, "Optimizer")
+    _check_variables(strategy, model.metrics_variables, "Metric")
+
+
+def wrap_compile(original):
+    signature = inspect.signature(original)
+
+    def compile(self, *args, **kwargs):
+        strategy = model_strategy(self)
+        _check_scope(self, strategy, "compile")
+        if strategy is None:
+            return original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs).arguments
+        optimizer = bound.get("optimizer")
+        if isinstance(optimizer, keras.optimizers.Optimizer):
+            _check_variables(strategy, optimizer.variables, "Optimizer")
+        for argument in ("metrics", "weighted_metrics"):
+            for metric in keras.tree.flatten(bound.get(argument)):
+                if isinstance(metric, keras.metrics.Metric):
+                    _check_variables(strategy, metric.variables, "Metric")
+        with strategy.scope():
+            return original(self, *args, **kwargs)
+
+    return compile
+
+
+def wrap_entry(name: str):
+    """The wrapper maker for `Model.<name>` (one of `ENTRY_POINTS`)."""
+
+    def make(original):
+        signature = inspect.signature(original)
+        batch_arguments = _BATCH_ARGUMENTS.get(name, ())
+
+        def entry(self, *args, **kwargs):
+            strategy = model_strategy(self)
+            _check_scope(self, strategy, name)
+            if strategy is None:
+                return original(self, *args, **kwargs)
+            if batch_arguments:
+                try:
+                    bound = signature.bind(self, *args, **kwargs).arguments
+                except TypeError:
+                    bound = {}  # let Keras report the bad call
+                for argument in batch_arguments:
+                    validate_batch_size(bound.get(argument), argument)
+                for argument in ("x", "validation_data"):
+                    check_auto_shard_policy(bound.get(argument), strategy.extended.num_workers)
+            _check_model_variables(self, strategy)
+            with _explain_peer_failures(strategy):
+                if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
+                    return _files.run_as_non_chief(original, signature, strategy, self, args, kwargs)
+                with strategy.scope():
+                    return original(self, *args, **kwargs)
+
+        return entry
+
+    return make
+
+
+@contextlib.contextmanager
+def _explain_peer_failures(strategy):
+    """Turns the engine's collective failure into one clear error."""
+    extended = strategy.extended
+    if extended.num_workers <= 1:
+        yield
+        return
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - re-raised unless a peer failed
+        if not get_adapter().is_peer_failure(error):
+            raise
+        timeout = extended.communication_options.timeout_seconds
+        raise PeerWorkerError(
+            f"Worker {extended.worker_index} of {extended.num_workers}: a "
+            "collective with the other workers failed"
+            + (f" (timeout_seconds={timeout:g})" if timeout else "")
+            + "; another worker died or stopped responding (see its log). "
+            "The job cannot continue with a worker missing: restart all of "
+            "it (`keras-dist launch --max-restarts K` does), and resume "
+            "with keras.callbacks.BackupAndRestore. Engine error: "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+        ) from error

@@ -1,0 +1,160 @@
+"""Checkpoints and chief-only files: only the chief writes the user's paths
+(non-chief workers run the same callbacks into a private temporary
+directory), and `BackupAndRestore` commits weights and epoch together with
+one rename, so a killed process leaves the previous backup or the new one.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+
+from keras_dist._hooks._patching import model_strategy
+
+
+#: Keras callbacks that write files, and the attribute naming where.
+_FILE_CALLBACKS = (
+    ("ModelCheckpoint", "filepath"),
+    ("CSVLogger", "filename"),
+    ("TensorBoard", "log_dir"),
+)
+
+
+def private_copy(callback, directory: str):
+    """`callback`, writing into `directory` instead of the user's path."""
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+        return _private_backup(callback, directory)
+    for class_name, attribute in _FILE_CALLBACKS:
+        if isinstance(callback, getattr(keras.callbacks, class_name)):
+            private = copy.copy(callback)
+            path = str(getattr(callback, attribute)).rstrip("/\\")
+            setattr(private, attribute, os.path.join(directory, os.path.basename(path)))
+            return private
+    return callback
+
+
+BACKUP = "keras.src.callbacks.backup_and_restore:BackupAndRestore"
+#: The training metadata, stored in the weights file itself: one rename
+#: commits weights and epoch together.
+_METADATA_ATTRIBUTE = "keras_dist_training_metadata"
+
+
+def _private_backup(callback, directory: str):
+    """A non-chief worker's BackupAndRestore: restores from the chief's
+    backup (the user's `backup_dir`, complete by construction: the chief
+    renames finished files into place), writes its own into `directory`."""
+    private = copy.copy(callback)  # still reads the user's `_weights_path`
+    private.backup_dir = os.path.join(directory, "backup")  # writes, deletes
+    return private
+
+
+def wrap_backup_save(original):
+    def _save_model(self):
+        strategy = model_strategy(self.model)
+        if strategy is None or "://" in str(self.backup_dir):
+            return original(self)
+        _save_backup_atomically(self)
+
+    return _save_model
+
+
+def _replace_with_copy(source: str, target: str) -> None:
+    temporary = f"{target}.tmp-{os.getpid()}"
+    shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
+
+
+def _save_backup_atomically(callback) -> None:
+    """Keras' backup, with every file written to a temp name then renamed.
+
+    The weights file carries the training metadata, so killing the process
+    at any point leaves the previous backup or the new one, whole.
+    """
+    import h5py
+
+    directory = callback.backup_dir  # a non-chief's copy: its private dir
+    weights = os.path.join(directory, os.path.basename(callback._weights_path))
+    metadata_path = os.path.join(
+        directory, os.path.basename(callback._training_metadata_path)
+    )
+    os.makedirs(directory, exist_ok=True)
+    for stale in glob.glob(os.path.join(directory, "*.tmp-*")):
+        os.remove(stale)  # left by a process killed mid-write
+    metadata = json.dumps(
+        {"epoch": callback._current_epoch, "batch": callback._last_batch_seen}
+    )
+    if callback.double_checkpoint:
+        for path in (weights, metadata_path):
+            if os.path.exists(path):
+                _replace_with_copy(path, f"{path}.bkp")
+    temporary = f"{weights}.tmp-{os.getpid()}.weights.h5"
+    callback.model.save_weights(temporary, overwrite=True)
+    with h5py.File(temporary, "a") as handle:
+        handle.attrs[_METADATA_ATTRIBUTE] = metadata
+    os.replace(temporary, weights)  # the commit point
+    temporary = f"{metadata_path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(metadata)
+    os.replace(temporary, metadata_path)
+
+
+def wrap_backup_load(original):
+    def _load_model(self):
+        result = original(self)
+        path = self._weights_path
+        if model_strategy(self.model) is not None and os.path.exists(path):
+            import h5py
+
+            with h5py.File(path, "r") as handle:
+                metadata = handle.attrs.get(_METADATA_ATTRIBUTE)
+            if metadata is not None:  # authoritative over the JSON file
+                self.model._initial_epoch = json.loads(metadata)["epoch"]
+        return result
+
+    return _load_model
+
+
+def _worker_tag(strategy) -> str:
+    return f"keras_dist_worker{strategy.extended.worker_index}_"
+
+
+def run_as_non_chief(original, signature, strategy, model, args, kwargs):
+    """A non-chief worker runs the same computation (collectives need every
+    worker) but prints no progress bar and writes its callbacks' files to a
+    private temporary directory, removed afterwards: only the chief writes
+    the user's paths."""
+    bound = signature.bind(model, *args, **kwargs)
+    if "verbose" in signature.parameters:
+        bound.arguments["verbose"] = 0
+    private = tempfile.mkdtemp(prefix=_worker_tag(strategy))
+    try:
+        callbacks = bound.arguments.get("callbacks")
+        if isinstance(callbacks, (list, tuple)):
+            bound.arguments["callbacks"] = [private_copy(c, private) for c in callbacks]
+        with strategy.scope():
+            return original(*bound.args, **bound.kwargs)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def wrap_save(original):
+    def save(self, filepath, *args, **kwargs):
+        strategy = model_strategy(self)
+        if strategy is None or strategy.extended.should_checkpoint:
+            return original(self, filepath, *args, **kwargs)
+        private = tempfile.mkdtemp(prefix=_worker_tag(strategy))
+        try:  # same work as the chief, nothing left at the user's path
+            target = os.path.join(private, os.path.basename(str(filepath)))
+            return original(self, target, *args, **kwargs)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    return save
+
+

@@ -1,0 +1,101 @@
+"""Loss scaling and BatchNormalization moments.
+
+Inside a per-replica step (TensorFlow's; JAX's in multi-process CPU jobs)
+each replica runs Keras' own step on its rows. These hooks make it compute
+what one device computes on the global batch: each replica's loss (and
+regularization) is scaled by its share of the global batch, BatchNorm takes
+global moments, and (JAX) the trainable variables' gradients are summed
+across replicas. In custom loops, an averaging Keras loss inside
+`strategy.run` is refused with the fix.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from keras_dist import _context, _shard
+from keras_dist.backends import get_adapter
+
+_AVERAGING_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
+def wrap_loss_call(original):
+    def __call__(self, *args, **kwargs):
+        context = _context.replica_context()
+        if (
+            context is not None
+            and context.num_replicas_in_sync > 1
+            and self.reduction in _AVERAGING_REDUCTIONS
+        ):
+            raise ValueError(
+                f"The loss {self.name!r} averages over this replica's part of "
+                f"the batch (reduction={self.reduction!r}) inside "
+                f"strategy.run with {context.num_replicas_in_sync} replicas; "
+                "summed over replicas that gives the wrong gradients. Create "
+                "it with reduction='none' and average with "
+                "keras_dist.compute_average_loss(per_example_loss), or use "
+                "reduction='sum' and divide by the global batch size."
+            )
+        return original(self, *args, **kwargs)
+
+    return __call__
+
+
+def _scaled(value, factor):
+    """`value` times `factor(dtype)` inside a replica step, else None."""
+    factor = factor(value.dtype)
+    return None if factor is None else keras.ops.multiply(value, factor)
+
+
+def wrap_scale(factor):
+    """Wrapper maker for Keras' (un)scale_loss_for_distribution: multiplies
+    by `factor` (`_shard.scale_factor` or `unscale_factor`) in a replica step."""
+
+    def make(original):
+        def scale(value):
+            scaled = _scaled(value, factor)
+            return original(value) if scaled is None else scaled
+
+        return scale
+
+    return make
+
+
+def wrap_moments(original):
+    def _moments(self, inputs, mask):
+        if not _shard.in_replica_step():
+            return original(self, inputs, mask)
+        return get_adapter().global_moments(inputs, self._reduction_axes, mask)
+
+    return _moments
+
+
+def wrap_additional_loss(original):
+    """Regularization and `add_loss` terms: scaled like the loss per replica
+    (Keras' TensorFlow trainer does the same for tf.distribute)."""
+
+    def _aggregate_additional_loss(self, loss):
+        loss = original(self, loss)
+        scaled = _scaled(loss, _shard.scale_factor)
+        return loss if scaled is None else scaled
+
+    return _aggregate_additional_loss
+
+
+def wrap_compute_loss_and_updates(original):
+    """In a per-replica training step: the gradients of the trainable
+    variables are summed over replicas (one packed all-reduce), and the
+    loss handed to the loss tracker is unscaled, as Keras' TensorFlow
+    trainer does."""
+
+    def compute_loss_and_updates(self, trainable_variables, *args, training=False, **kwargs):
+        if not (training and _shard.in_replica_step()):
+            return original(self, trainable_variables, *args, training=training, **kwargs)
+        trainable_variables = get_adapter().sum_gradients_over_replicas(trainable_variables)
+        loss, (unscaled_loss, *aux) = original(
+            self, trainable_variables, *args, training=training, **kwargs
+        )
+        unscaled_loss = unscaled_loss * _shard.unscale_factor(unscaled_loss.dtype)
+        return loss, (unscaled_loss, *aux)
+
+    return compute_loss_and_updates

@@ -1,0 +1,48 @@
+"""`ReplicaOps`: the collectives a `ReplicaContext` offers inside `run`.
+
+Each backend implements them for its replica computation
+(`backends/jax/_replica.py`, `backends/tensorflow/_replica.py`);
+`LocalReplicaOps` serves the default context, a group of one replica.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+
+class ReplicaOps(abc.ABC):
+    """Collectives of one replica group (see `keras_dist.ReplicaContext`)."""
+
+    @abc.abstractmethod
+    def all_reduce(self, reduce_op: Any, value: Any) -> Any:
+        """Sum or mean (a `ReduceOp`) of `value`, a nest of tensors, over replicas."""
+
+    @abc.abstractmethod
+    def all_gather(self, value: Any, axis: int) -> Any:
+        """Every replica's `value` concatenated along `axis`."""
+
+    @abc.abstractmethod
+    def row_mask(self, value: Any) -> Any:
+        """Booleans marking the real rows of this replica's `value`, or None
+        when every row is real (JAX pads uneven shards)."""
+
+    @abc.abstractmethod
+    def global_rows(self, local_rows: Any) -> Any:
+        """The real row count of the global batch, from this replica's."""
+
+
+class LocalReplicaOps(ReplicaOps):
+    """The collectives of a group of one replica: identities."""
+
+    def all_reduce(self, reduce_op, value):
+        return value
+
+    def all_gather(self, value, axis):
+        return value
+
+    def row_mask(self, value):
+        return None
+
+    def global_rows(self, local_rows):
+        return local_rows

@@ -1,0 +1,169 @@
+"""`BackendAdapter`: every method a Keras backend must provide to keras_dist.
+
+The core (strategies, scopes, distributed values, input, losses, hooks) asks
+the backend for nothing outside this class. Each backend subclasses it once
+(`backends/jax/_adapter.py`, `backends/tensorflow/_adapter.py`); the
+abstract methods make an incomplete adapter fail when it is instantiated,
+and `check_conforms` (run by `get_adapter` at load time, and by the
+conformance test) also compares every signature with the one declared here.
+
+An *engine* is the backend object behind one strategy (JAX: a
+`jax.sharding.Mesh` and a Keras distribution; TensorFlow: a `tf.distribute`
+strategy). The adapter creates it from the strategy's `StrategyExtended`
+and receives it back in every call that needs it.
+
+Adding a backend: subclass this, give every method (a backend's adapter
+usually names its module functions: ``run = staticmethod(_replica.run)``),
+register the module in `backends/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, Callable, ContextManager, Optional, Sequence
+
+
+class BackendAdapter(abc.ABC):
+    """What keras_dist needs from a backend, grouped by concern."""
+
+    #: The Keras backend name ("jax", "tensorflow").
+    name: str = ""
+
+    # -- devices and placement -------------------------------------------------
+
+    @abc.abstractmethod
+    def visible_devices(self) -> tuple[str, ...]:
+        """Canonical names ("cpu:0", "gpu:1") of this process's devices."""
+
+    @abc.abstractmethod
+    def global_devices(self) -> tuple[str, ...]:
+        """Every device of the job (all workers'), in replica order."""
+
+    @abc.abstractmethod
+    def simulate_cpu_devices(self, count: int) -> None:
+        """Splits the host CPU into `count` devices (before first use)."""
+
+    @abc.abstractmethod
+    def check_cross_device_ops(self, ops: Any, devices: Sequence[str]) -> None:
+        """Raises if this backend cannot carry out the `CrossDeviceOps` `ops`."""
+
+    @abc.abstractmethod
+    def create_engine(self, extended: Any) -> Any:
+        """Builds the engine for a strategy from its `StrategyExtended`
+        (`engine_devices`, `worker_devices`, `cross_device_ops`)."""
+
+    @abc.abstractmethod
+    def scope(self, engine: Any) -> ContextManager:
+        """Makes variables created inside it placed by `engine`."""
+
+    @abc.abstractmethod
+    def owns_variable(self, engine: Any, variable: Any) -> bool:
+        """True if the Keras `variable` is placed by `engine`."""
+
+    # -- multi-process jobs ------------------------------------------------
+
+    @abc.abstractmethod
+    def initialize_multi_worker(self, resolver: Any, options: Any) -> None:
+        """Joins the job described by `resolver` (once per process)."""
+
+    @abc.abstractmethod
+    def is_multi_process(self) -> bool:
+        """True once this process has joined a job of several workers."""
+
+    @abc.abstractmethod
+    def is_peer_failure(self, error: BaseException) -> bool:
+        """Whether `error` is a collective that failed for want of a peer."""
+
+    # -- input -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def iterate_batches(self, dataset: Any) -> Any:
+        """An iterator over `dataset`'s batches, as this backend takes them."""
+
+    @abc.abstractmethod
+    def split_global_batch(self, engine: Any, batch: Any) -> Any:
+        """One global batch -> per-replica values (contiguous shards)."""
+
+    @abc.abstractmethod
+    def combine_replica_batches(self, engine: Any, batches: list) -> Any:
+        """One batch per replica (fewer at the end) -> per-replica values."""
+
+    # -- custom loops: replica and cross-replica computation ---------------
+
+    @abc.abstractmethod
+    def run(self, strategy: Any, engine: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """Runs `fn` once per replica under a `keras_dist.ReplicaContext`."""
+
+    @abc.abstractmethod
+    def reduce(self, engine: Any, reduce_op: Any, value: Any, axis: Optional[int]) -> Any:
+        """Combines a per-replica `value` across replicas (cross-replica)."""
+
+    @abc.abstractmethod
+    def gather(self, engine: Any, value: Any, axis: int) -> Any:
+        """Concatenates the per-replica components of `value` along `axis`."""
+
+    @abc.abstractmethod
+    def local_results(self, engine: Any, value: Any) -> tuple:
+        """The per-replica components of `value` held by this process."""
+
+    # -- Keras training steps (called by the hooks) ------------------------
+
+    @abc.abstractmethod
+    def make_trainer_function(self, model: Any, strategy: Any, kind: str) -> Optional[Callable]:
+        """The distributed ``train``/``test``/``predict`` function Keras
+        calls for `model`, or None to let Keras build its own (nothing to
+        distribute, or a mode the backend leaves to Keras)."""
+
+    @abc.abstractmethod
+    def build_outside_replicas(self, build_fn: Callable[[], None]) -> None:
+        """Runs `build_fn` (which creates variables) outside the replica
+        computation of `run`, from inside it."""
+
+    @abc.abstractmethod
+    def sum_gradients_over_replicas(self, values: list) -> list:
+        """Inside a per-replica step: `values` unchanged, with their
+        gradients summed across replicas in the backward pass."""
+
+    @abc.abstractmethod
+    def global_moments(self, inputs: Any, axes: Sequence[int], mask: Any) -> tuple:
+        """Inside a per-replica step: BatchNormalization mean and variance
+        over the global batch."""
+
+    # -- measurement -------------------------------------------------------
+
+    @abc.abstractmethod
+    def time_all_reduce(self, engine: Any, shapes_and_dtypes: list, repeats: int = 5) -> float:
+        """Median seconds to all-reduce buffers of these shapes (a
+        collective: every worker calls it)."""
+
+
+def required_methods() -> dict[str, inspect.Signature]:
+    """Every method a backend must provide, with its declared signature."""
+    return {
+        name: inspect.signature(getattr(BackendAdapter, name))
+        for name in sorted(BackendAdapter.__abstractmethods__)
+    }
+
+
+def check_conforms(adapter: BackendAdapter) -> None:
+    """Raises TypeError unless `adapter` implements every method of
+    `BackendAdapter` with the declared parameters (names and kinds, as
+    called on the adapter: a plain function given as a staticmethod
+    conforms like a method)."""
+    if not isinstance(adapter, BackendAdapter):
+        raise TypeError(f"{adapter!r} is not a keras_dist BackendAdapter.")
+    problems = []
+    for name, declared in required_methods().items():
+        implemented = inspect.signature(getattr(adapter, name))
+        want = [(p.name, p.kind) for p in declared.parameters.values()][1:]  # less `self`
+        got = [(p.name, p.kind) for p in implemented.parameters.values()]
+        if want != got:
+            problems.append(f"{name}{implemented} (declared: {name}{declared})")
+    if not adapter.name:
+        problems.append("no `name`")
+    if problems:
+        raise TypeError(
+            f"The {type(adapter).__name__} backend adapter does not conform to "
+            "keras_dist.backends.BackendAdapter: " + "; ".join(problems)
+        )

@@ -1,0 +1,320 @@
+"""JAX engine: a `jax.sharding.Mesh` over a strategy's devices, with the
+shardings and batch placement the steps and custom loops use."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import weakref
+from typing import Any, Iterator
+
+import jax
+import keras
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from keras_dist import _devices
+from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
+from keras_dist.backends.jax import _cluster
+
+BATCH_AXIS = "batch"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class JaxEngine:
+    """The mesh and Keras distribution behind one keras_dist strategy."""
+
+    devices: tuple  # jax.Device objects, in replica order
+    mesh: Mesh
+    distribution: Any  # keras.distribution.DataParallel
+    #: XLA options for every program compiled for this engine (None: XLA's).
+    compiler_options: Any = None
+    #: Multi-process: variables created since the last chief sync (weakrefs).
+    new_variables: list = dataclasses.field(default_factory=list)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.devices)
+
+
+def _canonical(device) -> str:
+    return f"{device.platform}:{device.id}"
+
+
+def visible_devices() -> tuple[str, ...]:
+    return tuple(_canonical(d) for d in jax.local_devices())
+
+
+def global_devices() -> tuple[str, ...]:
+    """All devices of all processes, in JAX's (process-major) order."""
+    return tuple(_canonical(d) for d in jax.devices())
+
+
+def simulate_cpu_devices(count: int) -> None:
+    """Splits the host CPU into `count` JAX devices.
+
+    Must run before JAX starts its backend (before any array is created).
+    """
+    try:
+        jax.config.update("jax_num_cpu_devices", int(count))
+    except RuntimeError as error:
+        current = len(jax.devices("cpu"))
+        if current == count:
+            return
+        raise RuntimeError(
+            f"JAX already started with {current} CPU device(s); cannot switch "
+            f"to {count}. Call keras_dist.simulate_cpu_devices({count}) before "
+            "any JAX computation, or set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={count} before starting "
+            "Python."
+        ) from error
+
+
+class _StrategyDistribution(keras.distribution.DataParallel):
+    """Keras' DataParallel, tagged with the keras_dist engine that owns it;
+    in multi-process jobs it notes each variable created under it, so the
+    scope can give it the chief's value (`sync_new_variables`)."""
+
+    keras_dist_engine: "JaxEngine | None" = None
+
+    def get_variable_layout(self, variable):
+        engine = self.keras_dist_engine
+        if engine is not None and _cluster.is_multi_process():
+            engine.new_variables.append(weakref.ref(variable))
+        return super().get_variable_layout(variable)
+
+
+#: XLA's passes that combine independent all-reduces into one (their names
+#: on CPU, on GPU, and the generic pass). Disabling them leaves one
+#: all-reduce per reduced tensor.
+_ALL_REDUCE_COMBINERS = "cpu-all-reduce-combiner,gpu-all-reduce-combiner,all-reduce-combiner"
+
+
+def check_cross_device_ops(ops, devices) -> None:
+    """Raises if XLA cannot do what `ops` asks (see `compiler_options_for`)."""
+    if ops is None:
+        return
+    name = type(ops).__name__
+    if isinstance(ops, _PackedAllReduce) and ops.num_packs > 1:
+        raise ValueError(
+            f"{name}(num_packs={ops.num_packs}) cannot be honoured on JAX: XLA "
+            "packs a step's all-reduces itself and offers two settings, "
+            "num_packs=1 (all combined into one all-reduce, the default) and "
+            "num_packs=0 (one all-reduce per tensor). Use one of those; "
+            "other pack counts are a TensorFlow-engine setting."
+        )
+    if isinstance(ops, ReductionToOneDevice) and (
+        ops.reduce_to_device is not None or ops.accumulation_fn is not None
+    ):
+        raise ValueError(
+            "ReductionToOneDevice(reduce_to_device=..., accumulation_fn=...) "
+            "are TensorFlow-engine settings: on JAX, XLA's all-reduce leaves "
+            "the sum on every device, with no device or summing function to "
+            "choose. Use keras_dist.ReductionToOneDevice() on JAX."
+        )
+
+
+def compiler_options_for(ops):
+    """XLA compile options that carry out a cross-device ops choice.
+
+    None and ``num_packs=1``: XLA's default, which combines the all-reduces
+    of a step (the gradients' among them) into one. ``num_packs=0`` and
+    `ReductionToOneDevice`: the combiner passes are disabled, so every
+    reduced tensor keeps its own all-reduce.
+    """
+    if ops is None or (isinstance(ops, _PackedAllReduce) and ops.num_packs == 1):
+        return None
+    return {"xla_disable_hlo_passes": _ALL_REDUCE_COMBINERS}
+
+
+def create_engine(extended) -> JaxEngine:
+    """The engine for a strategy's `StrategyExtended` (its engine devices,
+    its cross-device ops)."""
+    by_name = {_canonical(d): d for d in jax.devices()}
+    devices = tuple(by_name[d] for d in extended.engine_devices)
+    device_mesh = keras.distribution.DeviceMesh(
+        shape=(len(devices),),
+        axis_names=[BATCH_AXIS],
+        devices=[_canonical(d) for d in devices],
+    )
+    distribution = _StrategyDistribution(
+        device_mesh=device_mesh, auto_shard_dataset=False
+    )
+    mesh = device_mesh.backend_mesh
+    engine = JaxEngine(
+        devices=devices,
+        mesh=mesh,
+        distribution=distribution,
+        compiler_options=compiler_options_for(extended.cross_device_ops),
+    )
+    distribution.keras_dist_engine = engine
+    return engine
+
+
+@contextlib.contextmanager
+def scope(engine: JaxEngine) -> Iterator[None]:
+    """Variables created inside are replicated on the engine's mesh. In a
+    multi-process job, when the scope exits normally, those variables take
+    the chief's values (one broadcast), so every worker starts from the
+    same weights without anyone's random state being reseeded."""
+    with engine.distribution.scope():
+        yield
+    sync_new_variables(engine)
+
+
+def sync_new_variables(engine: JaxEngine) -> None:
+    """Gives the variables created under `engine` since the last call the
+    chief's values. Every worker calls it at the same point of the same
+    program (a scope's exit), so the collective lines up."""
+    if not engine.new_variables:
+        return
+    variables = [ref() for ref in engine.new_variables]
+    engine.new_variables.clear()
+    variables = [v for v in variables if v is not None and getattr(v, "_value", None) is not None]
+    if not variables:
+        return
+    for variable, value in zip(variables, _cluster.sync_from_chief([v.value for v in variables])):
+        variable.assign(value)
+
+
+def engine_of_distribution(distribution) -> "JaxEngine | None":
+    """The keras_dist engine behind a Keras distribution, if any."""
+    return getattr(distribution, "keras_dist_engine", None)
+
+
+def owns_variable(engine: JaxEngine, variable) -> bool:
+    value = getattr(variable, "_value", None)
+    if value is None:  # state lives in the running step; nothing to check
+        return True
+    sharding = getattr(value, "sharding", None)
+    if sharding is None:
+        return False
+    return sharding.device_set == set(engine.devices) and (
+        sharding.is_fully_replicated
+    )
+
+
+def replicated_sharding(engine: JaxEngine):
+    if engine.num_replicas == 1:
+        # JAX gives one-device arrays a SingleDeviceSharding; using the same
+        # kind here keeps jit from recompiling when state changes hands.
+        return SingleDeviceSharding(engine.devices[0])
+    return NamedSharding(engine.mesh, PartitionSpec())
+
+
+def batch_sharding(engine: JaxEngine, ndim: int):
+    if engine.num_replicas == 1:
+        return SingleDeviceSharding(engine.devices[0])
+    spec = PartitionSpec(BATCH_AXIS, *([None] * (ndim - 1)))
+    return NamedSharding(engine.mesh, spec)
+
+
+def constrain_batch(engine: JaxEngine, data):
+    """Inside a jitted step: split every array's leading axis over replicas.
+
+    Works for any batch size; XLA pads uneven shards and masks reductions.
+    """
+    if engine.num_replicas == 1:
+        return data
+
+    def constrain(x):
+        if x is None or not hasattr(x, "ndim") or x.ndim == 0:
+            return x
+        return jax.lax.with_sharding_constraint(
+            x, batch_sharding(engine, x.ndim)
+        )
+
+    return jax.tree_util.tree_map(constrain, data)
+
+
+def place_host_data(engine: JaxEngine, data):
+    """Puts host (numpy) leaves of a global batch on the mesh, split by rows.
+
+    Leaves that are already JAX arrays are left where they are.
+    """
+
+    def place(x):
+        if x is None or isinstance(x, jax.Array):
+            return x
+        x = np.asarray(x)
+        if x.ndim == 0:
+            return x
+        return place_global_batch(engine, x, batch_sharding(engine, x.ndim))
+
+    return jax.tree_util.tree_map(place, data)
+
+
+def splits_evenly_on_entry(engine: JaxEngine, data) -> bool:
+    """Whether a jitted step can take `data` as is, split by rows on entry.
+
+    True for host (numpy) batches whose rows divide evenly over the
+    replicas of a single-process engine; jit then transfers them in C++
+    (as it does for plain Keras). Everything else is placed beforehand
+    with `place_host_data`.
+    """
+    if _cluster.is_multi_process():
+        return False
+    leaves = jax.tree_util.tree_leaves(data)
+    if any(type(leaf) is not np.ndarray or leaf.ndim == 0 for leaf in leaves):
+        return False
+    return divides_evenly(engine, data)
+
+
+def _row_counts(data) -> list[int]:
+    return [x.shape[0] for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1]
+
+
+def divides_evenly(engine: JaxEngine, data) -> bool:
+    """Whether a batch has arrays, and their rows divide over the replicas."""
+    rows = _row_counts(data)
+    return bool(rows) and not _is_uneven(engine, data)
+
+
+def _is_uneven(engine: JaxEngine, data) -> bool:
+    return any(rows % engine.num_replicas for rows in _row_counts(data))
+
+
+def gather_uneven_outputs(engine: JaxEngine, data, outputs):
+    """Inside a jitted step: replicate outputs of an uneven batch.
+
+    An uneven batch leaves XLA's padded sharding on the outputs, which JAX
+    cannot express as a `NamedSharding`; replicating them avoids that.
+    """
+    if engine.num_replicas == 1 or not (
+        _is_uneven(engine, data) or _cluster.is_multi_process()
+    ):  # multi-process: replicate so every worker can read the result
+        return outputs
+    return jax.tree_util.tree_map(
+        lambda y: jax.lax.with_sharding_constraint(y, replicated_sharding(engine)),
+        outputs,
+    )
+
+
+def place_global_batch(engine: JaxEngine, array, sharding):
+    """Puts one host array on the mesh; uneven batches go replicated."""
+    if (
+        isinstance(sharding, NamedSharding)
+        and sharding.mesh == engine.mesh
+        and np.ndim(array) >= 1
+        and array.shape[0] % engine.num_replicas != 0
+        and any(axis is not None for axis in sharding.spec)
+    ):
+        sharding = replicated_sharding(engine)
+    if _cluster.is_multi_process():  # every worker holds the same global batch
+        return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+    return jax.device_put(array, sharding)
+
+
+
+
+def trains_per_replica(engine: JaxEngine) -> bool:
+    """Whether `engine` runs `fit`'s training step per replica, with one
+    packed gradient all-reduce (`_replica_step`), for the models that can:
+    multi-process CPU jobs with XLA's default packing."""
+    return (
+        engine.num_replicas > 1
+        and engine.compiler_options is None
+        and _cluster.is_multi_process()
+        and all(d.platform == "cpu" for d in engine.devices)
+    )

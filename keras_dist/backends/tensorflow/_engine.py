@@ -1,0 +1,292 @@
+"""TensorFlow engine: tf.distribute strategies that keep Keras' input global,
+one process-wide MultiWorkerMirroredStrategy per job, and device lists."""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.python.distribute import distribute_lib
+
+from keras_dist import _devices
+from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
+
+
+def visible_devices() -> tuple[str, ...]:
+    """This worker's devices."""
+    engine = _multi_worker["engine"]
+    devices = (
+        tf.config.list_logical_devices()
+        if engine is None
+        else _task_devices(engine.extended._worker_device)
+    )
+    return tuple(_devices.canonical_device(d.name) for d in devices)
+
+
+def _task_devices(worker_device: str, device_type=None) -> list:
+    """The logical devices of one task ("/job:worker/task:1"): once the
+    cluster's server runs, TF lists the devices of every task."""
+    job, task = worker_device.strip("/").split("/")[:2]
+    return [
+        d
+        for d in tf.config.list_logical_devices(device_type)
+        if f"/{job}/" in d.name and f"/{task}/" in d.name
+    ]
+
+
+def simulate_cpu_devices(count: int) -> None:
+    """Splits the host CPU into `count` logical TF devices (before TF starts)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+    except RuntimeError as error:
+        current = len(tf.config.list_logical_devices("CPU"))
+        if current == count:
+            return
+        raise RuntimeError(
+            f"TensorFlow already started with {current} logical CPU "
+            f"device(s); cannot switch to {count}. Call "
+            f"keras_dist.simulate_cpu_devices({count}) before any TensorFlow "
+            "computation."
+        ) from error
+
+
+def global_devices() -> tuple[str, ...]:
+    engine = _multi_worker["engine"]
+    if engine is None:
+        return visible_devices()
+    workers = engine.extended._num_workers
+    local = [_devices.canonical_device(d) for d in engine.extended.worker_devices]
+    return tuple(f"worker{w}/{d}" for w in range(workers) for d in local)
+
+
+#: The process's tf MultiWorkerMirroredStrategy: TF can join one cluster
+#: per process, so every keras_dist strategy of the job shares it.
+_multi_worker = {"engine": None, "cluster": None}
+
+
+def _tf_communication_options(options):
+    implementation = getattr(
+        tf.distribute.experimental.CommunicationImplementation,
+        options.implementation.value,
+    )
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=options.bytes_per_pack,
+        timeout_seconds=options.timeout_seconds,
+        implementation=implementation,
+    )
+
+
+def initialize_multi_worker(resolver, options) -> None:
+    """Joins the job through tf's MultiWorkerMirroredStrategy (once).
+
+    TF's collective ops run between the workers' gRPC servers (the addresses
+    in the cluster spec); the chief leads the collectives and broadcasts the
+    initial value of every variable.
+    """
+    if resolver.num_workers <= 1:
+        return
+    jobs = {
+        job: tasks
+        for job, tasks in resolver.cluster_spec().as_dict().items()
+        if job in ("chief", "worker")
+    }
+    cluster = (jobs, resolver.task_type, resolver.task_id)
+    if _multi_worker["engine"] is not None:
+        if _multi_worker["cluster"] != cluster:
+            raise RuntimeError(
+                "This process already joined another TensorFlow cluster; TF "
+                "joins one per process. Create every MultiWorkerMirroredStrategy "
+                "of a program from the same cluster resolver."
+            )
+        return
+    if options.implementation.value == "NCCL" and not tf.config.list_logical_devices("GPU"):
+        raise ValueError(
+            "CommunicationImplementation.NCCL needs GPUs; this worker has none. "
+            "Use AUTO or RING on CPU."
+        )
+    tf_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs),
+        task_type=resolver.task_type,
+        task_id=resolver.task_id,
+        rpc_layer="grpc",
+    )
+    try:
+        engine = _GlobalBatchMultiWorkerStrategy(
+            tf_resolver, _tf_communication_options(options)
+        )
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"Worker {resolver.worker_index} of {resolver.num_workers} could "
+            f"not join the TensorFlow cluster {jobs}: {error}. Create "
+            "MultiWorkerMirroredStrategy before any TensorFlow computation, "
+            "and start every worker (keras-dist launch does)."
+        ) from error
+    _multi_worker["engine"] = engine
+    _multi_worker["cluster"] = cluster
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether `error` is a collective that failed for want of a peer."""
+    peer_errors = (
+        tf.errors.DeadlineExceededError,
+        tf.errors.UnavailableError,
+        tf.errors.AbortedError,
+        tf.errors.CancelledError,
+    )
+    return isinstance(error, peer_errors) and "ollective" in str(error)
+
+
+def is_multi_process() -> bool:
+    return _multi_worker["engine"] is not None
+
+
+def _tf_device(canonical: str) -> str:
+    kind, index = canonical.split(":")
+    return f"/job:localhost/replica:0/task:0/device:{kind.upper()}:{index}"
+
+
+class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):
+    """tf.distribute.MirroredStrategy whose Keras input stays global.
+
+    Keras hands each dataset to `experimental_distribute_dataset`; here that
+    returns the dataset unchanged, so every step receives the whole global
+    batch and each replica takes its own contiguous rows (`replica_step`).
+    tf.data's own rebatching cannot do that exactly: with an unknown batch
+    size (generators, PyDataset) it hands whole batches to replicas.
+    """
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
+class _LocalCpusCollectiveExtended(
+    collective_all_reduce_strategy.CollectiveAllReduceExtended
+):
+    """tf's multi-worker extended, with one replica per local logical CPU.
+
+    tf gives a GPU-less worker a single CPU replica; keras_dist simulates
+    several CPU devices per worker, so each becomes a replica, as on GPUs.
+    """
+
+    def _initialize_local_devices(self, cluster_resolver, worker_device):
+        devices, kind = super()._initialize_local_devices(
+            cluster_resolver, worker_device
+        )
+        cpus = _task_devices(worker_device, "CPU")
+        if kind == "CPU" and len(cpus) > 1:
+            devices = tuple(
+                f"{worker_device}/device:CPU:{i}" for i in range(len(cpus))
+            )
+        return devices, kind
+
+    def _use_merge_call(self):
+        # Replica all-reduces launch their collectives directly, as tf does
+        # for XLA on GPUs; through merge_call, tensors without a device get
+        # no destination in graph mode ("destinations can not be empty").
+        return False
+
+
+class _GlobalBatchMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """tf.distribute.MultiWorkerMirroredStrategy whose Keras input stays global.
+
+    Every worker receives the same global batch and each replica (numbered
+    across workers) takes its own contiguous rows, as in
+    `_GlobalBatchMirroredStrategy`.
+    """
+
+    def __init__(self, cluster_resolver, communication_options):
+        # tf's constructor hard-codes its extended class; build ours instead.
+        distribute_lib.Strategy.__init__(
+            self,
+            _LocalCpusCollectiveExtended(
+                self,
+                cluster_resolver=cluster_resolver,
+                communication_options=communication_options,
+            ),
+        )
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
+_engines_created = itertools.count(1)
+#: Collective-key range reserved for each tf.distribute strategy we create.
+_COLLECTIVE_KEYS_PER_ENGINE = 100_000
+
+
+def check_cross_device_ops(ops, devices) -> None:
+    """Raises where tf.distribute would fail or be silently wrong."""
+    if ops is None:
+        return
+    if isinstance(ops, HierarchicalCopyAllReduce) and len(devices) > 1 and len(devices) % 2:
+        raise ValueError(
+            f"HierarchicalCopyAllReduce needs an even number of devices on "
+            f"TensorFlow; this strategy has {len(devices)}. TensorFlow's "
+            "algorithm sums two equal halves of the devices, and with an odd "
+            "count it leaves one replica's values out of the sum (silently "
+            "wrong gradients). Use an even number of devices, "
+            "keras_dist.ReductionToOneDevice(), or cross_device_ops=None."
+        )
+    if isinstance(ops, ReductionToOneDevice) and ops.reduce_to_device is not None:
+        _devices.resolve_devices([ops.reduce_to_device], visible_devices())
+
+
+def _tf_cross_device_ops(ops):
+    """The tf.distribute object for a keras_dist cross-device ops choice."""
+    if ops is None:
+        return None
+    if isinstance(ops, ReductionToOneDevice):
+        device = ops.reduce_to_device
+        return tf.distribute.ReductionToOneDevice(
+            reduce_to_device=None if device is None else _tf_device(device),
+            accumulation_fn=ops.accumulation_fn,
+        )
+    # NcclAllReduce, HierarchicalCopyAllReduce: tf.distribute's class of that name
+    return getattr(tf.distribute, type(ops).__name__)(num_packs=ops.num_packs)
+
+
+def create_engine(extended):
+    """The tf.distribute strategy for a keras_dist `StrategyExtended`."""
+    if len(extended.engine_devices) != len(extended.worker_devices):
+        return _multi_worker["engine"]
+    devices = [_tf_device(d) for d in extended.worker_devices]
+    cross_device_ops = _tf_cross_device_ops(extended.cross_device_ops)
+    # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
+    # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's
+    # input pipeline costs about 2x the step time of plain Keras.
+    # Every MirroredStrategy numbers its collective groups from the same
+    # start, so two strategies over different device sets in one process
+    # collide ("joining a group with size 4, but that group has size 2").
+    # Give each engine its own key range (read once, in the constructor).
+    engine_class = _GlobalBatchMirroredStrategy
+    previous = engine_class._collective_key_base
+    engine_class._collective_key_base = (
+        next(_engines_created) * _COLLECTIVE_KEYS_PER_ENGINE
+    )
+    try:
+        return engine_class(devices, cross_device_ops=cross_device_ops)
+    finally:
+        engine_class._collective_key_base = previous
+
+
+def owns_variable(engine, variable) -> bool:
+    value = getattr(variable, "_value", None)
+    if value is None:
+        return True
+    return getattr(value, "_distribute_strategy", None) is engine
+
+
+
+
+def multi_worker_engine():
+    """The process's tf MultiWorkerMirroredStrategy, or None."""
+    return _multi_worker["engine"]
+
+
+def scope(engine):
+    """Variables created inside are tf.distribute's, placed by `engine`."""
+    return engine.scope()

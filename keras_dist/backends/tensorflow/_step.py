@@ -1,0 +1,227 @@
+"""TensorFlow: the steps behind `fit`, `evaluate` and `predict`.
+
+Every step receives the whole global batch; each replica takes its own
+contiguous rows (`slice_for_replica`) and runs Keras' own step on them,
+with the loss hooks scaling its loss by its share of the global batch and
+BatchNormalization taking global moments. Logs are read from metric
+variables all-reduced across replicas, so they are the global batch's.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_dist import _moments, _shard
+from keras_dist.backends.tensorflow import _engine
+
+
+def _host_device():
+    # partial: merges with the replica's job/task, so it is this worker's CPU
+    return "/device:CPU:0"
+
+
+def slice_for_replica(data):
+    """Inside a replica: this replica's contiguous rows of the global batch.
+
+    Returns ``(local_data, local_rows, global_rows)``. Shards differ in size
+    by at most one row, larger ones first (see `keras_dist._split`); slicing
+    happens on the host so only each replica's rows reach its device.
+    """
+    context = tf.distribute.get_replica_context()
+    num_replicas = context.num_replicas_in_sync
+    replica = tf.cast(context.replica_id_in_sync_group, tf.int32)
+    first = next(x for x in tf.nest.flatten(data) if x is not None)
+    with tf.device(_host_device()):
+        global_rows = tf.shape(first)[0]
+        base, extra = global_rows // num_replicas, global_rows % num_replicas
+        start = replica * base + tf.minimum(replica, extra)
+        size = base + tf.cast(replica < extra, tf.int32)
+        local = tf.nest.map_structure(
+            lambda x: None if x is None else x[start : start + size], data
+        )
+    return local, size, global_rows
+
+
+def replica_step(step_fn, metric_variables, metric_results):
+    """Wraps a Keras train/test step to run as one replica of many.
+
+    Each replica takes its rows of the global batch; while the step runs,
+    the loss hooks scale this replica's loss by local rows / global rows.
+    The replica-local logs are then replaced by global ones: the metric
+    variables are all-reduced in one batch (by each variable's aggregation)
+    and `metric_results()` is evaluated on those values, so every replica
+    returns the metrics of the whole global batch (plain collectives, no
+    merge_call).
+    """
+
+    def step(data):
+        local, local_rows, global_rows = slice_for_replica(data)
+        shard = _shard.Shard(
+            tf.cast(local_rows, tf.float32), tf.cast(global_rows, tf.float32)
+        )
+        with _shard.shard_scope(shard):
+            logs = step_fn(local)
+        return _global_logs(logs, metric_variables(), metric_results)
+
+    return step
+
+
+def _global_logs(logs, variables, metric_results):
+    import keras
+
+    context = tf.distribute.get_replica_context()
+    if not isinstance(logs, dict):  # a custom train_step's own structure
+        return tf.nest.map_structure(
+            lambda v: context.all_reduce(tf.distribute.ReduceOp.MEAN, v), logs
+        )
+    values = _all_reduce_variables(context, variables)
+    with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+        results = metric_results()
+    return {
+        key: results[key]
+        if key in results
+        else context.all_reduce(tf.distribute.ReduceOp.MEAN, value)
+        for key, value in logs.items()
+    }
+
+
+def _all_reduce_variables(context, variables):
+    """Each variable's value over all replicas, by its aggregation."""
+    local = [tf.convert_to_tensor(v.value) for v in variables]
+    ops = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
+    reduced = list(local)
+    for aggregation, op in ops.items():
+        indices = [i for i, v in enumerate(variables) if v.aggregation == aggregation]
+        if indices:
+            out = context.all_reduce(op, [local[i] for i in indices])
+            for i, value in zip(indices, out):
+                reduced[i] = value
+    first = [i for i, v in enumerate(variables) if v.aggregation == "only_first_replica"]
+    if first:
+        is_first = tf.equal(tf.cast(context.replica_id_in_sync_group, tf.int32), 0)
+        masked = [
+            local[i] * tf.cast(is_first, local[i].dtype) for i in first
+        ]
+        out = context.all_reduce(tf.distribute.ReduceOp.SUM, masked)
+        for i, value in zip(first, out):
+            reduced[i] = value
+    return reduced
+
+
+class StepFunction:
+    """A Keras ``train_function``/``test_function`` for a tf.distribute engine.
+
+    Each call runs up to `steps_per_execution` global batches, each through
+    `one_step` (one compiled distributed step), and returns the last step's
+    logs. The loop is in Python: Keras 3's in-graph loop (a while_loop over
+    optional batches) fails under MirroredStrategy (seen with Keras 3.15.1 +
+    TF 2.21: "You must feed a value for placeholder tensor
+    'while/cond/...'").
+    """
+
+    def __init__(self, engine, step_fn, metric_variables, metric_results, steps_per_execution, run_eagerly):
+        replica = replica_step(step_fn, metric_variables, metric_results)
+
+        def one_step(data):
+            outputs = engine.run(replica, args=(data,))
+            # every replica returns the same global logs: keep replica 0's
+            return tf.nest.map_structure(
+                lambda value: engine.experimental_local_results(value)[0], outputs
+            )
+
+        #: One distributed step on one global batch (a `tf.function` unless eager).
+        self.one_step = one_step if run_eagerly else tf.function(one_step, reduce_retracing=True)
+        self.steps_per_execution = steps_per_execution
+
+    def __call__(self, iterator):
+        logs = None
+        for _ in range(self.steps_per_execution):
+            try:
+                data = next(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                if logs is None:
+                    raise StopIteration
+                break
+            logs = self.one_step(data)
+        return logs
+
+
+def make_predict_function(engine, predict_step, run_eagerly: bool):
+    """Predict over a list of global batches; rows come back in input order."""
+
+    def replica_predict(data):
+        local, _, _ = slice_for_replica(data)
+        return predict_step(local)
+
+    def one_batch(data):
+        outputs = engine.run(replica_predict, args=(data,))
+        if engine is _engine.multi_worker_engine():  # every worker gets all rows
+            return tf.nest.map_structure(
+                lambda value: engine.gather(value, axis=0), outputs
+            )
+        return tf.nest.map_structure(
+            lambda value: _concat(engine.experimental_local_results(value)),
+            outputs,
+        )
+
+    if not run_eagerly:
+        one_batch = tf.function(one_batch, reduce_retracing=True)
+
+    def predict_function(batches):
+        outputs = [one_batch(batch) for batch in batches]
+        if len(outputs) == 1:
+            return outputs[0]
+        return tf.nest.map_structure(lambda *parts: _concat(parts), *outputs)
+
+    return predict_function
+
+
+def _concat(tensors):
+    if tensors[0].shape.rank == 0:
+        return tf.stack(tensors)
+    return tf.concat(tensors, axis=0)
+
+
+def global_moments(inputs, axes, mask):
+    """BatchNormalization moments over the global batch (see `keras_dist._moments`)."""
+    context = tf.distribute.get_replica_context()
+
+    def all_reduce_sum(values):
+        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
+
+    return _moments.global_moments(inputs, axes, mask, all_reduce_sum)
+
+
+
+
+def sum_gradients_over_replicas(values):
+    """Identity on `values`; in the backward pass their gradients are summed
+    across replicas (one all-reduce, in replica context)."""
+
+    @tf.custom_gradient
+    def identity(*tensors):
+        def backward(*gradients):
+            context = tf.distribute.get_replica_context()
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, list(gradients))
+
+        return list(tensors), backward
+
+    return list(identity(*values))
+
+
+def make_trainer_function(model, strategy, kind: str):
+    """Keras' ``{kind}_function`` for `model` under `strategy`, or None
+    where Keras' own serves (one replica: nothing to split or reduce)."""
+    if strategy.num_replicas_in_sync == 1:
+        return None
+    engine = strategy.extended.engine
+    if kind == "predict":
+        return make_predict_function(engine, model.predict_step, model.run_eagerly)
+    return StepFunction(
+        engine,
+        getattr(model, f"{kind}_step"),
+        lambda: model.metrics_variables,
+        model.get_metrics_result,
+        model.steps_per_execution,
+        model.run_eagerly,
+    )

@@ -1,0 +1,142 @@
+"""The layers hold: every adapter conforms to `BackendAdapter`, the core
+imports no backend, no module imports itself through a circle, and
+ARCHITECTURE.md names modules that exist."""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+import keras_dist
+from keras_dist.backends import BackendAdapter, check_conforms, get_adapter, required_methods
+
+PACKAGE = pathlib.Path(keras_dist.__file__).parent
+ROOT = PACKAGE.parent
+BACKEND_PACKAGES = {"jax": ("jax", "jaxlib"), "tensorflow": ("tensorflow",)}
+ENGINE_MODULES = {name for names in BACKEND_PACKAGES.values() for name in names}
+
+
+def _modules():
+    """{dotted name: path} of every keras_dist module."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(path):
+    """Every module `path` imports, at any depth (deferred imports too);
+    `from package import submodule` counts as importing the submodule."""
+    modules = _modules()
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules]
+            names += submodules if len(submodules) == len(node.names) else [node.module, *submodules]
+    return names
+
+
+def _is_engine_import(name):
+    top = name.split(".")[0]
+    return top in ENGINE_MODULES or name.startswith(("keras.src.backend.jax", "keras.src.backend.tensorflow"))
+
+
+def _backend_of(module):
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "backends" and parts[2] in BACKEND_PACKAGES else None
+
+
+def test_the_core_imports_no_backend():
+    """Every module outside backends/jax and backends/tensorflow, found by
+    walking the package (nothing to keep up to date by hand)."""
+    offenders = {
+        module: sorted({name for name in _imports(path) if _is_engine_import(name)})
+        for module, path in _modules().items()
+        if _backend_of(module) is None
+    }
+    offenders = {module: names for module, names in offenders.items() if names}
+    assert not offenders, offenders
+    assert "keras_dist._hooks._steps" in _modules()  # the walk sees subpackages
+
+
+def test_each_backend_imports_only_its_own_engine():
+    for module, path in _modules().items():
+        backend = _backend_of(module)
+        if backend is None:
+            continue
+        others = {n for b, names in BACKEND_PACKAGES.items() if b != backend for n in names}
+        assert not {name.split(".")[0] for name in _imports(path)} & others, module
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for name in _imports(path):
+            while name and name not in modules:  # `from pkg import name` of a non-module
+                name = name.rpartition(".")[0]
+            if name and not (module + ".").startswith(name + "."):  # not itself or its package
+                targets.add(name)
+        graph[module] = targets
+    cycles, state = [], {}
+
+    def visit(node, trail):
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                cycles.append(trail[trail.index(target):] + [target])
+            elif target not in state:
+                visit(target, trail + [target])
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_adapter_conforms():
+    adapter = get_adapter()
+    check_conforms(adapter)  # also run by get_adapter when it loads one
+    assert set(required_methods()) <= set(dir(adapter))
+    groups = {"visible_devices", "initialize_multi_worker", "split_global_batch", "run", "make_trainer_function", "time_all_reduce"}
+    assert groups <= set(required_methods())
+
+
+def test_an_incomplete_or_misdeclared_adapter_is_refused():
+    class Missing(BackendAdapter):
+        name = "missing"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Missing()
+
+    implementations = {name: (lambda self, *a, **k: None) for name in required_methods()}
+    Loose = type("Loose", (BackendAdapter,), {"name": "loose", **implementations})
+    with pytest.raises(TypeError, match="does not conform.*visible_devices"):
+        check_conforms(Loose())
+
+
+def test_replica_ops_of_this_backend_implement_the_interface():
+    import importlib
+
+    from keras_dist._replica_ops import ReplicaOps
+
+    module = importlib.import_module(f"keras_dist.backends.{get_adapter().name}._replica")
+    assert issubclass(module._ReplicaOps, ReplicaOps)
+
+
+def test_architecture_page_names_real_modules():
+    text = (PACKAGE / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`(keras_dist/[\w/]+\.(?:py|md))`", text))
+    assert len(named) >= 20, named
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, missing
+    for method in required_methods():  # the adapter method set, listed in full
+        assert f"`{method}`" in text, method

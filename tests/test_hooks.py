@@ -260,6 +260,19 @@ def _dataset_reads(strategy):
     return Counting.reads
 
 
+def _probe_values_from_chief(mirrored, tmp_path, monkeypatch):
+    """As in a multi-process job whose chief's values are all 0.5: a model
+    created under the strategy starts from them."""
+    from keras_dist.backends import get_adapter
+
+    adapter = get_adapter()
+    monkeypatch.setattr(adapter, "is_multi_process", lambda: True)
+    monkeypatch.setattr(adapter, "values_from_chief", lambda values: [np.full(np.shape(v), 0.5, "float32") for v in values])
+    with mirrored(2).scope():
+        model = mlp()
+    return model.get_weights()
+
+
 _TRAINER = "keras.src.trainers.trainer:Trainer"
 _JAX_TRAINER = "keras.src.backend.jax.trainer"
 _TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
@@ -280,6 +293,7 @@ PROBES = {
     f"{_JAX_TRAINER}:JAXTrainer.compute_loss_and_updates": _probe_replica_fit,
     **{f"{_JAX_TRAINER}:JAXTrainer.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     f"{_JAX_TRAINER}:_distribute_data": _step_probe("train"),
+    "keras.src.backend.jax.distribution_lib:distribute_tensor": _probe_values_from_chief,
     **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
     f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
@@ -299,7 +313,7 @@ def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, r
     if BACKEND == "jax":
         request.getfixturevalue("per_replica_step")
     probe = PROBES[target]
-    extra = (monkeypatch,) if probe is _probe_save else ()
+    extra = (monkeypatch,) if probe in (_probe_save, _probe_values_from_chief) else ()
     live = _outcome(probe, mirrored, tmp_path / "live", *extra)
     owner, name = _hooks.resolve(target)
     monkeypatch.setattr(owner, name, _hooks.ORIGINALS[target])

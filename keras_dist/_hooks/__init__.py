@@ -9,7 +9,7 @@ this docstring's table and the hooks test all read it. The modules, by
 concern: `_patching` (mechanics), `_entry` (scope and entry checks),
 `_files` (checkpoints, chief-only files), `_losses` (loss scaling,
 BatchNorm moments), `_steps` (the distributed steps, from the backend
-adapter). Nothing here imports jax or tensorflow.
+adapter), `_variables` (variables agree across workers). Nothing here imports jax or tensorflow.
 
 Hooks:
 {table}
@@ -17,7 +17,7 @@ Hooks:
 
 from __future__ import annotations
 
-from keras_dist._hooks import _entry, _files, _losses, _steps
+from keras_dist._hooks import _entry, _files, _losses, _steps, _variables
 from keras_dist._hooks._patching import ORIGINALS, Hook, model_strategy, patch, resolve
 from keras_dist._shard import scale_factor, unscale_factor
 from keras_dist.backends import backend_name
@@ -76,6 +76,13 @@ HOOKS: tuple = (
         _losses.wrap_compute_loss_and_updates,
         _JAX,
         purpose="replica step: sum gradients over replicas, packed",
+    ),
+    # variables agree across workers
+    Hook(
+        "keras.src.backend.jax.distribution_lib:distribute_tensor",
+        _variables.wrap_distribute_tensor,
+        _JAX,
+        purpose="multi-process: values placed on the mesh are the chief's",
     ),
     # the distributed steps
     *(

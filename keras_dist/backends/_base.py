@@ -75,6 +75,12 @@ class BackendAdapter(abc.ABC):
     def is_peer_failure(self, error: BaseException) -> bool:
         """Whether `error` is a collective that failed for want of a peer."""
 
+    @abc.abstractmethod
+    def values_from_chief(self, values: list) -> list:
+        """The chief's values of these host (or process-local) values, on
+        every worker: a collective, so every worker calls it at the same
+        point. Unchanged outside a multi-process job."""
+
     # -- input -------------------------------------------------------------
 
     @abc.abstractmethod

@@ -26,6 +26,7 @@ class JaxAdapter(BackendAdapter):
     initialize_multi_worker = staticmethod(_cluster.initialize_multi_worker)
     is_multi_process = staticmethod(_cluster.is_multi_process)
     is_peer_failure = staticmethod(_cluster.is_peer_failure)
+    values_from_chief = staticmethod(_cluster.values_from_chief)
     # input
     iterate_batches = staticmethod(_replica.iterate_batches)
     split_global_batch = staticmethod(_replica.split_global_batch)

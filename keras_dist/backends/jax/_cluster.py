@@ -56,8 +56,8 @@ def initialize_multi_worker(resolver, options) -> None:
         ) from error
     _multi_worker["initialized"] = True
     # The first collective starts gloo. (Every worker's variables take the
-    # chief's values when the scope that created them exits: see
-    # `_engine.sync_new_variables`. No random state is touched here.)
+    # chief's values as they are created: `values_from_chief`, called by
+    # the hook on Keras' `distribute_tensor`. No random state is touched.)
     from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices("keras_dist: joined")
@@ -83,13 +83,24 @@ def is_multi_process() -> bool:
     return _multi_worker["initialized"]
 
 
-def sync_from_chief(values):
-    """The chief's values of a list of replicated arrays, on every worker."""
+def values_from_chief(values):
+    """The chief's values of host or process-local `values`, on every worker
+    (one broadcast of all of them). Values already global (spanning the
+    processes) or traced, and every value outside a multi-process job, come
+    back unchanged."""
+    values = list(values)
     if not is_multi_process():
+        return values
+    local = [
+        i
+        for i, v in enumerate(values)
+        if not isinstance(v, jax.core.Tracer) and not (isinstance(v, jax.Array) and not v.is_fully_addressable)
+    ]
+    if not local:
         return values
     from jax.experimental import multihost_utils
 
-    local = [np.asarray(v.addressable_data(0)) for v in values]
-    return multihost_utils.broadcast_one_to_all(local)
-
-
+    chiefs = multihost_utils.broadcast_one_to_all([np.asarray(values[i]) for i in local])
+    for i, value in zip(local, chiefs):
+        values[i] = np.asarray(value)
+    return values

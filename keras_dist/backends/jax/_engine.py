@@ -3,11 +3,9 @@ shardings and batch placement the steps and custom loops use."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import weakref
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import keras
@@ -30,8 +28,6 @@ class JaxEngine:
     distribution: Any  # keras.distribution.DataParallel
     #: XLA options for every program compiled for this engine (None: XLA's).
     compiler_options: Any = None
-    #: Multi-process: variables created since the last chief sync (weakrefs).
-    new_variables: list = dataclasses.field(default_factory=list)
 
     @property
     def num_replicas(self) -> int:
@@ -72,17 +68,9 @@ def simulate_cpu_devices(count: int) -> None:
 
 
 class _StrategyDistribution(keras.distribution.DataParallel):
-    """Keras' DataParallel, tagged with the keras_dist engine that owns it;
-    in multi-process jobs it notes each variable created under it, so the
-    scope can give it the chief's value (`sync_new_variables`)."""
+    """Keras' DataParallel, tagged with the keras_dist engine that owns it."""
 
     keras_dist_engine: "JaxEngine | None" = None
-
-    def get_variable_layout(self, variable):
-        engine = self.keras_dist_engine
-        if engine is not None and _cluster.is_multi_process():
-            engine.new_variables.append(weakref.ref(variable))
-        return super().get_variable_layout(variable)
 
 
 #: XLA's passes that combine independent all-reduces into one (their names
@@ -152,30 +140,9 @@ def create_engine(extended) -> JaxEngine:
     return engine
 
 
-@contextlib.contextmanager
-def scope(engine: JaxEngine) -> Iterator[None]:
-    """Variables created inside are replicated on the engine's mesh. In a
-    multi-process job, when the scope exits normally, those variables take
-    the chief's values (one broadcast), so every worker starts from the
-    same weights without anyone's random state being reseeded."""
-    with engine.distribution.scope():
-        yield
-    sync_new_variables(engine)
-
-
-def sync_new_variables(engine: JaxEngine) -> None:
-    """Gives the variables created under `engine` since the last call the
-    chief's values. Every worker calls it at the same point of the same
-    program (a scope's exit), so the collective lines up."""
-    if not engine.new_variables:
-        return
-    variables = [ref() for ref in engine.new_variables]
-    engine.new_variables.clear()
-    variables = [v for v in variables if v is not None and getattr(v, "_value", None) is not None]
-    if not variables:
-        return
-    for variable, value in zip(variables, _cluster.sync_from_chief([v.value for v in variables])):
-        variable.assign(value)
+def scope(engine: JaxEngine):
+    """Variables created inside are replicated on the engine's mesh."""
+    return engine.distribution.scope()
 
 
 def engine_of_distribution(distribution) -> "JaxEngine | None":

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from keras_dist.backends.jax import _cluster, _engine, _replica_step
+from keras_dist.backends.jax import _engine, _replica_step
 
 
 def trains_exactly_per_replica(model) -> bool:
@@ -118,8 +118,4 @@ def make_trainer_function(model, strategy, kind: str) -> Optional[Callable]:
     if model.run_eagerly or not model.jit_compile:
         return None
     engine = strategy.extended.engine
-    if _cluster.is_multi_process():  # every worker starts from the chief's weights
-        variables = list(model.variables)
-        for variable, value in zip(variables, _cluster.sync_from_chief([v.value for v in variables])):
-            variable.assign(value)
     return model._make_function(JaxStep(model, engine, kind), concatenate_outputs=kind == "predict")

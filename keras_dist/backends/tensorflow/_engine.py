@@ -290,3 +290,23 @@ def multi_worker_engine():
 def scope(engine):
     """Variables created inside are tf.distribute's, placed by `engine`."""
     return engine.scope()
+
+
+def values_from_chief(values):
+    """The chief's values of host `values`, on every worker: replica 0 (on
+    the chief) contributes each value, the others zeros, summed by the
+    engine's own all-reduce (exact: x + 0 = x). Unchanged outside a job."""
+    values = list(values)
+    engine = _multi_worker["engine"]
+    if engine is None or not values:
+        return values
+    tensors = [tf.convert_to_tensor(v) for v in values]
+
+    def replica(*parts):
+        context = tf.distribute.get_replica_context()
+        first = tf.equal(tf.cast(context.replica_id_in_sync_group, tf.int32), 0)
+        masked = [tf.where(first, part, tf.zeros_like(part)) for part in parts]
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, masked)
+
+    summed = engine.run(replica, args=tuple(tensors))
+    return [engine.experimental_local_results(value)[0].numpy() for value in summed]

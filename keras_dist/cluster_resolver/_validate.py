@@ -1,0 +1,52 @@
+"""Checks a multi-worker cluster before a process joins it (standard library
+only): a bad description gets one clear error here, instead of a hang or an
+engine's stack dump once the workers try to meet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_dist.cluster_resolver._resolvers import _worker_tasks
+
+
+def check_cluster_to_join(resolver: Any) -> None:
+    """Raises ValueError naming the fix when `resolver` describes a job of
+    several workers that this process cannot join: no task for this
+    process, a task that is not a worker, two tasks at one address, or a
+    port that is not a number in 1..65535."""
+    spec = resolver.cluster_spec()
+    if not spec or resolver.num_workers <= 1:
+        return
+    workers = _worker_tasks(spec)
+    if resolver.task_type is None or resolver.task_id is None:
+        raise ValueError(
+            f"The cluster has {len(workers)} worker tasks but this process's task "
+            "is not set: every process of a multi-worker job names its own, e.g. "
+            'TF_CONFIG=\'{"cluster": {...}, "task": {"type": "worker", "index": 0}}\' '
+            "(keras-dist launch sets it for each worker)."
+        )
+    if (resolver.task_type, resolver.task_id) not in workers:
+        names = ", ".join(f"{job}:{index}" for job, index in workers)
+        raise ValueError(
+            f"This process is task {resolver.task_type}:{resolver.task_id}, which is "
+            f"not a worker of the cluster (its workers: {names}). Set the task to "
+            "one of them."
+        )
+    seen: dict[str, str] = {}
+    for job, index in workers:
+        address = spec.task_address(job, index)
+        host, _, port = address.rpartition(":")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(
+                f"Task {job}:{index} has the address {address!r}, whose port is not "
+                "a number in 1..65535. Give every task a real port "
+                "(keras_dist.launch.free_ports picks free ones)."
+            )
+        key = f"{host.lower().strip('[]')}:{int(port)}"
+        if key in seen:
+            raise ValueError(
+                f"Tasks {seen[key]} and {job}:{index} have the same address "
+                f"{address!r}; two processes cannot serve one port. Give each task "
+                "its own host:port."
+            )
+        seen[key] = f"{job}:{index}"

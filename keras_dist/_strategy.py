@@ -16,6 +16,7 @@ from keras_dist import _context, _cross_device_ops, _devices
 from keras_dist._context import ReplicaContext
 from keras_dist._reduce import ReduceOp
 from keras_dist.backends import get_adapter
+from keras_dist.cluster_resolver._validate import check_cluster_to_join
 
 
 class StrategyExtended:
@@ -179,10 +180,14 @@ class Strategy:
         With `axis`, each replica's value is first reduced along `axis`; MEAN
         then divides by the total number of elements along it.
         """
-        return get_adapter().reduce(self._extended.engine, ReduceOp.from_value(reduce_op), value, axis)
+        reduce_op = ReduceOp.from_value(reduce_op)
+        if axis is not None:
+            _check_axis("reduce", axis, self.experimental_local_results(value))
+        return get_adapter().reduce(self._extended.engine, reduce_op, value, axis)
 
     def gather(self, value, axis: int):
         """Concatenates the per-replica components of `value` along `axis`."""
+        _check_axis("gather", axis, self.experimental_local_results(value))
         return get_adapter().gather(self._extended.engine, value, axis)
 
     def experimental_local_results(self, value) -> tuple:
@@ -241,6 +246,20 @@ class Strategy:
     def __repr__(self) -> str:
         devices = ", ".join(self._extended.worker_devices)
         return f"{type(self).__name__}(devices=[{devices}])"
+
+
+def _check_axis(method: str, axis: Any, components: tuple) -> None:
+    """`axis` must be an integer within the rank of the per-replica values."""
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"strategy.{method}: axis must be an integer, got {axis!r}.")
+    ranks = {len(getattr(component, "shape", ())) for component in components}
+    rank = min(ranks) if ranks else 0
+    if not -rank <= axis < rank:
+        raise ValueError(
+            f"strategy.{method}: axis={axis} is out of range for per-replica values "
+            f"of rank {rank} (valid: {-rank}..{rank - 1}); "
+            + ("pass axis=None to combine scalars." if method == "reduce" and rank == 0 else "pick an existing axis.")
+        )
 
 
 def _refuse_options(method: str, options: Any, kind: str) -> None:
@@ -389,6 +408,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 f"MultiWorkerMirroredStrategy runs on chief and worker tasks; "
                 f"this task is {resolver.task_type!r}."
             )
+        check_cluster_to_join(resolver)  # before joining: no hang, no engine dump
         self._cluster_resolver = resolver
         adapter = get_adapter()
         adapter.initialize_multi_worker(resolver, options)

@@ -144,3 +144,60 @@ def test_non_positive_batch_size(mirrored, data, call):
     with pytest.raises(ValueError, match="must be a positive integer"):
         call(model, x, y)
     _assert_unchanged(model, snapshot)
+
+
+def test_steps_per_execution_must_be_positive(mirrored):
+    with mirrored(2).scope():
+        model = mlp()
+        for bad in (0, -1, 1.5, "2"):
+            with pytest.raises(ValueError, match="steps_per_execution must be a positive integer"):
+                model.compile(optimizer="sgd", loss="mse", steps_per_execution=bad)
+    assert not getattr(model, "compiled", False)
+
+
+@pytest.mark.parametrize("method", ["reduce", "gather"])
+def test_reduce_and_gather_axis_out_of_range(mirrored, method):
+    strategy = mirrored(2)
+    x = np.ones((4, 3), "float32")
+    for batch in strategy.experimental_distribute_dataset([x]):
+        per_replica = strategy.run(lambda v: v * 2.0, args=(batch,))
+        call = (lambda axis: strategy.reduce("SUM", per_replica, axis=axis)) if method == "reduce" else (
+            lambda axis: strategy.gather(per_replica, axis=axis))
+        with pytest.raises(ValueError, match=rf"strategy.{method}: axis=2 is out of range .*rank 2"):
+            call(2)
+        with pytest.raises(ValueError, match="out of range"):
+            call(-3)
+        with pytest.raises(TypeError, match="axis must be an integer"):
+            call("0")
+        assert np.asarray(call(0)).shape[0] in (3, 4)  # still works
+
+
+def test_backup_to_a_directory_that_cannot_be_written(mirrored, data, tmp_path):
+    x, y = data
+    model = _distributed_model(mirrored(2))
+    snapshot = _snapshot(model)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    backup = keras.callbacks.BackupAndRestore(str(blocker / "backup"))
+    with pytest.raises(ValueError, match=r"BackupAndRestore cannot write its backup to .*backup_dir="):
+        model.fit(x, y, batch_size=10, verbose=0, callbacks=[backup])
+    _assert_unchanged(model, snapshot)
+
+
+@pytest.mark.parametrize(
+    "cluster, task, pattern",
+    [
+        ({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, None, r"task is not set.*\"task\": \{\"type\": \"worker\""),
+        ({"worker": ["127.0.0.1:2222", "127.0.0.1:2222"]}, ("worker", 0), r"Tasks worker:0 and worker:1 have the same address"),
+        ({"worker": ["127.0.0.1:2222", "127.0.0.1:70000"]}, ("worker", 0), r"port is not a number in 1..65535"),
+        ({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, ("worker", 5), r"task worker:5, which is not a worker"),
+    ],
+    ids=["no_task", "same_address", "port_out_of_range", "unknown_task"],
+)
+def test_bad_cluster_descriptions_fail_before_joining(cluster, task, pattern):
+    """Checked before any process joins (no hang, no engine stack dump)."""
+    from keras_dist.cluster_resolver import SimpleClusterResolver
+
+    resolver = SimpleClusterResolver(cluster, task_type=task and task[0], task_id=task and task[1])
+    with pytest.raises(ValueError, match=pattern):
+        keras_dist.MultiWorkerMirroredStrategy(resolver)

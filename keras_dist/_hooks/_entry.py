@@ -83,6 +83,13 @@ def wrap_compile(original):
         if strategy is None:
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs).arguments
+        steps = bound.get("steps_per_execution", 1)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(
+                f"steps_per_execution must be a positive integer (steps run per "
+                f"call of the compiled function), got {steps!r}. Use 1 (the "
+                "default) or more."
+            )
         optimizer = bound.get("optimizer")
         if isinstance(optimizer, keras.optimizers.Optimizer):
             _check_variables(strategy, optimizer.variables, "Optimizer")
@@ -117,6 +124,8 @@ def wrap_entry(name: str):
                     validate_batch_size(bound.get(argument), argument)
                 for argument in ("x", "validation_data"):
                     check_auto_shard_policy(bound.get(argument), strategy.extended.num_workers)
+                if strategy.extended.should_checkpoint:
+                    _files.check_backup_dirs_writable(bound.get("callbacks"))
             _check_model_variables(self, strategy)
             with _explain_peer_failures(strategy):
                 if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:

@@ -158,3 +158,24 @@ def wrap_save(original):
     return save
 
 
+
+
+def check_backup_dirs_writable(callbacks) -> None:
+    """The chief's `BackupAndRestore` directories must be writable; checked
+    before training starts, so nothing runs (or is half-written) first."""
+    for callback in callbacks if isinstance(callbacks, (list, tuple)) else ():
+        if not isinstance(callback, keras.callbacks.BackupAndRestore):
+            continue
+        directory = str(callback.backup_dir)
+        if "://" in directory:
+            continue  # a remote filesystem: Keras' own I/O reports errors
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".keras_dist_write_check"):
+                pass
+        except OSError as error:
+            raise ValueError(
+                f"BackupAndRestore cannot write its backup to {directory!r} "
+                f"({error.strerror or error}). Give it a directory this process "
+                "can write (backup_dir=...)."
+            ) from error

@@ -8,71 +8,102 @@ with strategy.scope():
     model.compile(optimizer="adam", loss="mse")
 model.fit(x, y, batch_size=64, verbose=0)      # 64 = global batch
 ```
+
+Names load on first use: `import keras_dist` imports neither Keras nor a
+backend (so the `keras-dist` command runs on a JAX-only or a
+TensorFlow-only install whatever `KERAS_BACKEND` says); the first public
+name used imports Keras and installs keras_dist's hooks.
 """
 
-from keras_dist import _hooks, callbacks, cluster_resolver
-from keras_dist._communication import (
-    CommunicationImplementation,
-    CommunicationOptions,
-    PeerWorkerError,
-)
-from keras_dist._cross_device_ops import (
-    CrossDeviceOps,
-    HierarchicalCopyAllReduce,
-    NcclAllReduce,
-    ReductionToOneDevice,
-)
-from keras_dist._input import InputContext, InputOptions
-from keras_dist._losses import compute_average_loss, scale_regularization_loss
-from keras_dist._reduce import ReduceOp
-from keras_dist._simulate import simulate_cpu_devices
-from keras_dist._context import ReplicaContext
-from keras_dist._strategy import (
-    MirroredStrategy,
-    MultiWorkerMirroredStrategy,
-    OneDeviceStrategy,
-    Strategy,
-    StrategyExtended,
-    experimental_set_strategy,
-    get_replica_context,
-    get_strategy,
-    has_strategy,
-    in_cross_replica_context,
-)
-from keras_dist._values import DistributedValues, Mirrored, PerReplica
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CommunicationImplementation",
-    "CommunicationOptions",
-    "CrossDeviceOps",
-    "HierarchicalCopyAllReduce",
-    "MultiWorkerMirroredStrategy",
-    "DistributedValues",
-    "InputContext",
-    "InputOptions",
-    "Mirrored",
-    "MirroredStrategy",
-    "NcclAllReduce",
-    "OneDeviceStrategy",
-    "PeerWorkerError",
-    "PerReplica",
-    "ReduceOp",
-    "ReductionToOneDevice",
-    "ReplicaContext",
-    "Strategy",
-    "StrategyExtended",
-    "callbacks",
-    "cluster_resolver",
-    "compute_average_loss",
-    "experimental_set_strategy",
-    "get_replica_context",
-    "get_strategy",
-    "has_strategy",
-    "in_cross_replica_context",
-    "scale_regularization_loss",
-    "simulate_cpu_devices",
-]
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "CommunicationImplementation": "keras_dist._communication",
+    "CommunicationOptions": "keras_dist._communication",
+    "PeerWorkerError": "keras_dist._communication",
+    "CrossDeviceOps": "keras_dist._cross_device_ops",
+    "HierarchicalCopyAllReduce": "keras_dist._cross_device_ops",
+    "NcclAllReduce": "keras_dist._cross_device_ops",
+    "ReductionToOneDevice": "keras_dist._cross_device_ops",
+    "InputContext": "keras_dist._input",
+    "InputOptions": "keras_dist._input",
+    "compute_average_loss": "keras_dist._losses",
+    "scale_regularization_loss": "keras_dist._losses",
+    "ReduceOp": "keras_dist._reduce",
+    "simulate_cpu_devices": "keras_dist._simulate",
+    "ReplicaContext": "keras_dist._context",
+    "MirroredStrategy": "keras_dist._strategy",
+    "MultiWorkerMirroredStrategy": "keras_dist._strategy",
+    "OneDeviceStrategy": "keras_dist._strategy",
+    "Strategy": "keras_dist._strategy",
+    "StrategyExtended": "keras_dist._strategy",
+    "experimental_set_strategy": "keras_dist._strategy",
+    "get_replica_context": "keras_dist._strategy",
+    "get_strategy": "keras_dist._strategy",
+    "has_strategy": "keras_dist._strategy",
+    "in_cross_replica_context": "keras_dist._strategy",
+    "DistributedValues": "keras_dist._values",
+    "Mirrored": "keras_dist._values",
+    "PerReplica": "keras_dist._values",
+}
+_SUBPACKAGES = ("callbacks", "cluster_resolver")
 
-_hooks.install()
+__all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from keras_dist import callbacks, cluster_resolver  # noqa: F401
+    from keras_dist._communication import CommunicationImplementation, CommunicationOptions, PeerWorkerError  # noqa: F401
+    from keras_dist._context import ReplicaContext  # noqa: F401
+    from keras_dist._cross_device_ops import (  # noqa: F401
+        CrossDeviceOps,
+        HierarchicalCopyAllReduce,
+        NcclAllReduce,
+        ReductionToOneDevice,
+    )
+    from keras_dist._input import InputContext, InputOptions  # noqa: F401
+    from keras_dist._losses import compute_average_loss, scale_regularization_loss  # noqa: F401
+    from keras_dist._reduce import ReduceOp  # noqa: F401
+    from keras_dist._simulate import simulate_cpu_devices  # noqa: F401
+    from keras_dist._strategy import (  # noqa: F401
+        MirroredStrategy,
+        MultiWorkerMirroredStrategy,
+        OneDeviceStrategy,
+        Strategy,
+        StrategyExtended,
+        experimental_set_strategy,
+        get_replica_context,
+        get_strategy,
+        has_strategy,
+        in_cross_replica_context,
+    )
+    from keras_dist._values import DistributedValues, Mirrored, PerReplica  # noqa: F401
+
+
+def _install_hooks() -> None:
+    from keras_dist import _hooks
+
+    _hooks.install()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        if name == "callbacks":
+            _install_hooks()
+        return importlib.import_module(f"keras_dist.{name}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'keras_dist' has no attribute {name!r}")
+    _install_hooks()
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list:
+    return sorted({*globals(), *__all__})

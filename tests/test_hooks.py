@@ -401,7 +401,9 @@ _PLAIN_SCRIPT = textwrap.dedent(
     import numpy as np
     import keras
     if sys.argv[1] == "with":
-        import keras_dist  # hooks installed, no strategy used
+        import keras_dist
+        keras_dist.MirroredStrategy  # the first name used installs the hooks
+        assert keras_dist._hooks._installed
     keras.utils.set_random_seed(7)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(203, 8)).astype("float32")

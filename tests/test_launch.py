@@ -258,3 +258,40 @@ def test_python_api_returns_exit_code(tmp_path, worker, capfd):
 def test_free_ports():
     ports = launch_module.free_ports(4, "127.0.0.1")
     assert len(set(ports)) == 4 and all(0 < p < 65536 for p in ports)
+
+
+def _without(tmp_path, package):
+    """An environment in which `import <package>` fails as on an install
+    without it (a stand-in package that raises ModuleNotFoundError shadows
+    the real one), and KERAS_BACKEND is unset (Keras would default to
+    TensorFlow)."""
+    shadow = tmp_path / "shadow" / package
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{package}'\", name='{package}')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "shadow"), ROOT]))
+    env.pop("KERAS_BACKEND", None)
+    return env
+
+
+@pytest.mark.parametrize("missing", ["tensorflow", "jax"])
+def test_the_command_line_runs_without_the_other_backend(tmp_path, worker, missing):
+    """`keras-dist --help` and `launch` import neither Keras nor a backend,
+    so they run on a JAX-only or a TensorFlow-only install with
+    KERAS_BACKEND unset."""
+    env = _without(tmp_path, missing)
+    cli = [sys.executable, "-m", "keras_dist.launch"]
+    shown = subprocess.run([*cli, "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "launch" in shown.stdout, shown.stderr[-2000:]
+    out = tmp_path / "out"
+    out.mkdir()
+    backend = "jax" if missing == "tensorflow" else "tensorflow"
+    ran = subprocess.run(
+        [*cli, "launch", "-n", "2", "--backend", backend, "--timeout", "60", str(worker), str(out), "env"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert json.loads((out / "env-1.json").read_text())["KERAS_BACKEND"] == backend
+    _assert_all_gone(out)
+    probe = "import sys, keras_dist; keras_dist.__version__; print('keras' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert imported.stdout.strip() == "False", imported.stderr[-2000:]

@@ -9,7 +9,7 @@ KERAS_MIN_DIR := .venv-keras-min
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install demo test test-jax test-tensorflow test-keras-min bench clean
+.PHONY: install demo test test-jax test-tensorflow test-keras-min test-stress bench clean
 
 install: $(STAMP)
 
@@ -36,6 +36,13 @@ test-jax: install
 
 test-tensorflow: install
 	KERAS_BACKEND=tensorflow $(PYTEST) tests
+
+# Same answer every time: the examples repeated under CPU load, every run's
+# weights hashed (slow; CI runs it after `make test`).
+test-stress: install
+	@status=0; for backend in jax tensorflow; do \
+	  KERAS_BACKEND=$$backend $(PYTEST) tests/test_stress.py -m stress || status=1; \
+	done; exit $$status
 
 # The oldest supported Keras, overlaid on the same environment.
 test-keras-min: install

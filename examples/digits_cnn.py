@@ -140,6 +140,13 @@ def train(model, label, data, epochs):
     return test_accuracy
 
 
+def weights_sha256(model):
+    """A fingerprint of every weight, bit for bit: the same on every run."""
+    import hashlib
+
+    return hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
+
+
 def max_weight_diff(a, b):
     return max(
         float(np.max(np.abs(wa - wb)))
@@ -188,8 +195,9 @@ def main(argv=None):
     single_accuracy = train(single, "single", data, args.epochs)
 
     diff = max_weight_diff(distributed, single)
+    print(f"\nweights sha256 (mirrored): {weights_sha256(distributed)}")
     print(
-        f"\ntest accuracy: mirrored {distributed_accuracy:.4f}, "
+        f"test accuracy: mirrored {distributed_accuracy:.4f}, "
         f"single device {single_accuracy:.4f}"
     )
     print(

@@ -252,8 +252,10 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
     """`axis` must be an integer within the rank of the per-replica values."""
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise TypeError(f"strategy.{method}: axis must be an integer, got {axis!r}.")
-    ranks = {len(getattr(component, "shape", ())) for component in components}
-    rank = min(ranks) if ranks else 0
+    ranks = {len(component.shape) for component in components if hasattr(component, "shape")}
+    if not ranks:  # nests and Python numbers: the engine checks them
+        return
+    rank = min(ranks)
     if not -rank <= axis < rank:
         raise ValueError(
             f"strategy.{method}: axis={axis} is out of range for per-replica values "

@@ -212,5 +212,6 @@ def test_creating_the_strategy_leaves_the_users_random_state_alone(tmp_path):
 def test_unseeded_workers_start_from_the_chiefs_weights(tmp_path):
     codes, outputs = _run_job(tmp_path, 2, ["unseeded"], worker=RANDOM_WORKER)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    checksums = {json.loads((tmp_path / f"random_{i}.json").read_text())["initial_checksum"] for i in range(2)}
-    assert len(checksums) == 1, checksums
+    results = [json.loads((tmp_path / f"random_{i}.json").read_text()) for i in range(2)]
+    assert len({r["initial_checksum"] for r in results}) == 1, results
+    assert [r["from_chief"] for r in results] == [[7.0, 7.0], [7.0, 7.0]]  # the chief is worker 0

@@ -53,6 +53,11 @@ with strategy.scope():
     )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
 initial = model.get_weights()
+if os.environ.get("TF_CONFIG"):  # the adapter's broadcast: every worker gets the chief's
+    from keras_dist.backends import get_adapter
+
+    (value,) = get_adapter().values_from_chief([np.full((2,), float(index) + 7.0, "float32")])
+    result["from_chief"] = np.asarray(value).tolist()
 result["initial_checksum"] = hashlib.sha256(b"".join(w.tobytes() for w in initial)).hexdigest()
 if mode == "seeded":
     if tf is not None:

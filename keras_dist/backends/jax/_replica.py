@@ -24,12 +24,12 @@ replica count.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-
-import collections
 
 from keras_dist import _context
 from keras_dist._reduce import ReduceOp

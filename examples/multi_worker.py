@@ -69,7 +69,11 @@ def main(argv=None):
 
     def compile_model(model):
         model.compile(
-            optimizer=keras.optimizers.Adam(3e-3),
+            # SGD with momentum: Adam normalises each parameter's step, so on
+            # some (unseeded) starting weights it turns float32 round-off in
+            # near-zero gradients into visible differences (measured on TF:
+            # 3.2e-4 once); SGD keeps round-off at round-off.
+            optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
@@ -93,8 +97,8 @@ def main(argv=None):
         for epoch in range(args.epochs):
             print(f"epoch {epoch + 1}: loss {history['loss'][epoch]:.4f} accuracy {history['accuracy'][epoch]:.4f}")
         # 1e-5: float32 round-off from summing the batch in a different
-        # order, after 58 Adam steps; every parameter here has a non-zero
-        # gradient, so round-off stays round-off (measured: ~1e-7).
+        # order, after 29 SGD steps per epoch; with no bias before BatchNorm
+        # and no Adam, round-off stays round-off.
         weights = hashlib.sha256(b"".join(w.tobytes() for w in model.get_weights())).hexdigest()[:16]
         print(f"weights sha256: {weights}")
         verdict = "MATCH" if diff <= 1e-5 else "MISMATCH"

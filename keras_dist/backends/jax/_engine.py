@@ -67,12 +67,6 @@ def simulate_cpu_devices(count: int) -> None:
         ) from error
 
 
-class _StrategyDistribution(keras.distribution.DataParallel):
-    """Keras' DataParallel, tagged with the keras_dist engine that owns it."""
-
-    keras_dist_engine: "JaxEngine | None" = None
-
-
 #: XLA's passes that combine independent all-reduces into one (their names
 #: on CPU, on GPU, and the generic pass). Disabling them leaves one
 #: all-reduce per reduced tensor.
@@ -126,28 +120,21 @@ def create_engine(extended) -> JaxEngine:
         axis_names=[BATCH_AXIS],
         devices=[_canonical(d) for d in devices],
     )
-    distribution = _StrategyDistribution(
+    distribution = keras.distribution.DataParallel(
         device_mesh=device_mesh, auto_shard_dataset=False
     )
     mesh = device_mesh.backend_mesh
-    engine = JaxEngine(
+    return JaxEngine(
         devices=devices,
         mesh=mesh,
         distribution=distribution,
         compiler_options=compiler_options_for(extended.cross_device_ops),
     )
-    distribution.keras_dist_engine = engine
-    return engine
 
 
 def scope(engine: JaxEngine):
     """Variables created inside are replicated on the engine's mesh."""
     return engine.distribution.scope()
-
-
-def engine_of_distribution(distribution) -> "JaxEngine | None":
-    """The keras_dist engine behind a Keras distribution, if any."""
-    return getattr(distribution, "keras_dist_engine", None)
 
 
 def owns_variable(engine: JaxEngine, variable) -> bool:

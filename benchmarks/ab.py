@@ -12,29 +12,14 @@ change (e.g. a refactor that must not cost speed).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import configurations  # noqa: E402
-
-
-def run_one(root: pathlib.Path, config, steps: int, repeats: int, timeout: float):
-    command = [
-        sys.executable, str(root / "benchmarks" / "_worker.py"), config["backend"], config["impl"],
-        str(config["devices"]), config["model"], str(steps), str(repeats),
-    ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(root))
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    if done.returncode != 0:
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])["step_s_median"]
+from run import configurations, run_one  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -55,9 +40,9 @@ def main(argv=None) -> int:
         for config in configs:
             key = (config["model"], config["backend"], config["impl"], config["devices"])
             for side, root in roots.items():
-                seconds = run_one(root, config, options.steps, options.repeats, options.timeout)
-                if seconds is not None:
-                    times.setdefault(key, {}).setdefault(side, []).append(seconds)
+                result = run_one(config, options.steps, options.repeats, options.timeout, root=root)
+                if "error" not in result:
+                    times.setdefault(key, {}).setdefault(side, []).append(result["step_s_median"])
             print(f"[{round_index}] {key}: {times.get(key)}", file=sys.stderr, flush=True)
     print("| model | backend | implementation | devices | old step (ms) | new step (ms) | new / old |")
     print("|---|---|---|---|---|---|---|")

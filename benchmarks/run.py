@@ -46,10 +46,11 @@ def configurations(backends, models, max_devices=4):
                         yield {"backend": backend, "impl": impl, "devices": devices, "model": model}
 
 
-def run_one(config, steps, repeats, timeout):
+def run_one(config, steps, repeats, timeout, root=ROOT):
+    """One configuration in its own process, with `root`'s worker and keras_dist."""
     command = [
         sys.executable,
-        str(HERE / "_worker.py"),
+        str(root / "benchmarks" / "_worker.py"),
         config["backend"],
         config["impl"],
         str(config["devices"]),
@@ -57,7 +58,7 @@ def run_one(config, steps, repeats, timeout):
         str(steps),
         str(repeats),
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(root))
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
         return dict(config, error=[error_line(done.stderr)])

@@ -16,6 +16,7 @@ are (GPUs, for instance).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def parser(prog: str = "keras-dist bench") -> argparse.ArgumentParser:
     p.add_argument("--replicas", "-n", type=_positive_int, default=2, metavar="N",
                    help="number of replicas (default: 2)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="Keras backend (default: $KERAS_BACKEND, else jax)")
+                   help="Keras backend (default: $KERAS_BACKEND, else the one installed; jax if both are)")
     p.add_argument("--model", choices=MODELS, default="mlp",
                    help="mlp: 784-512-512-10 dense; cnn: two conv layers with BatchNorm (default: mlp)")
     p.add_argument("--batch-size", type=_positive_int, default=256, metavar="B",
@@ -109,6 +110,15 @@ def _child_argv(options) -> list[str]:
     return argv
 
 
+def _installed_backend() -> str:
+    """jax if installed, else tensorflow if installed (a TensorFlow-only
+    install), else jax (whose import then names what is missing)."""
+    for backend in BACKENDS:
+        if importlib.util.find_spec(backend) is not None:
+            return backend
+    return BACKENDS[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`keras-dist bench ...`; returns the exit code.
 
@@ -122,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 2)
-    backend = options.backend or os.environ.get("KERAS_BACKEND") or "jax"
+    backend = options.backend or os.environ.get("KERAS_BACKEND") or _installed_backend()
     if backend not in BACKENDS:
         p.print_usage(sys.stderr)
         print(f"{_PREFIX}error: KERAS_BACKEND={backend!r} is not one of {', '.join(BACKENDS)}; "

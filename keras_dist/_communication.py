@@ -2,9 +2,122 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
+import os
+import subprocess
+import sys
 from typing import Optional
+
+
+#: How long a worker waits for every other worker to join the job when
+#: `CommunicationOptions.timeout_seconds` is None (JAX's own default).
+DEFAULT_JOIN_TIMEOUT_SECONDS = 300
+
+
+def join_timeout_seconds(options: "CommunicationOptions") -> float:
+    """Seconds a worker waits for the others to join the job."""
+    timeout = options.timeout_seconds
+    return DEFAULT_JOIN_TIMEOUT_SECONDS if timeout is None else timeout
+
+
+def _did_not_join_message(resolver, timeout: float, waiting_for: str, detail: str = "") -> str:
+    return (
+        f"Worker {resolver.worker_index} of {resolver.num_workers}: the job did "
+        f"not join within {timeout:g} s (waiting for {waiting_for}). Start every "
+        "worker of the cluster (keras-dist launch does), check that each one's "
+        "TF_CONFIG names the same cluster, and create MultiWorkerMirroredStrategy "
+        "before any other computation; CommunicationOptions(timeout_seconds=...) "
+        "sets this wait." + (f" Engine error: {detail}" if detail else "")
+    )
+
+
+def _others(resolver) -> list[int]:
+    return [i for i in range(resolver.num_workers) if i != resolver.worker_index]
+
+
+def did_not_join_error(resolver, timeout: float, error: BaseException) -> "PeerWorkerError":
+    """The error for a job that some worker never joined."""
+    names = ", ".join(f"worker {i}" for i in _others(resolver))
+    lines = str(error).strip().splitlines()
+    detail = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return PeerWorkerError(_did_not_join_message(resolver, timeout, names, detail))
+
+
+def _worker_addresses(resolver) -> list[str]:
+    """`worker i=host:port` for every other worker of the cluster."""
+    from keras_dist.cluster_resolver._resolvers import _worker_tasks
+
+    spec = resolver.cluster_spec()
+    return [
+        f"worker {index}={spec.task_address(job, task)}"
+        for index, (job, task) in enumerate(_worker_tasks(spec))
+        if index != resolver.worker_index
+    ]
+
+
+#: The watchdog process of `exit_unless_joined`: waits, then names whom the
+#: job waited for, prints the error on the worker's stderr and ends it.
+_WATCHDOG = r"""
+import os, signal, socket, sys, time
+pid, seconds, prefix, suffix = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+probe, others = sys.argv[5] == "probe", sys.argv[6:]
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    if os.getppid() != pid:
+        sys.exit(0)  # the worker is gone
+    time.sleep(0.2)
+names = []
+for other in others:
+    name, address = other.split("=", 1)
+    host, _, port = address.rpartition(":")
+    if probe:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            continue
+        except OSError:
+            name += f" at {address}, not listening"
+    names.append(name)
+names = names or [other.split("=", 1)[0] for other in others]
+sys.stderr.write(f"keras_dist.PeerWorkerError: {prefix}{', '.join(names)}{suffix}\n")
+sys.stderr.flush()
+os.kill(pid, signal.SIGTERM)
+time.sleep(3)
+try:
+    os.kill(pid, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def exit_unless_joined(resolver, timeout: float, probe_addresses: bool, grace: float = 0.0):
+    """Bounds the engine's wait for every worker to join the job.
+
+    Engines wait for missing peers inside native code that Python cannot
+    interrupt (TensorFlow's leader waits without end, holding the
+    interpreter; JAX aborts with a stack dump). A small watchdog process
+    ends the wait: if the block is still running after `timeout` seconds,
+    (plus `grace`, which leaves the engine time to raise its own error
+    first) it prints a `PeerWorkerError` naming the workers waited for on
+    this worker's stderr and terminates it. With `probe_addresses` (engines whose
+    workers serve their cluster address), only the workers not listening
+    there are named.
+    """
+    message = _did_not_join_message(resolver, timeout, "{}")
+    prefix, suffix = message.split("{}")
+    suffix += " This process is ended: the engine's wait cannot be interrupted."
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout + grace), prefix, suffix,
+         "probe" if probe_addresses else "names", *_worker_addresses(resolver)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        watchdog.kill()
+        watchdog.wait()
 
 
 class PeerWorkerError(RuntimeError):
@@ -42,7 +155,8 @@ class CommunicationOptions:
             for the all-reduce; 0 lets the engine decide.
         timeout_seconds: give up (with an error) when a peer does not
             answer within this many seconds; None waits for the engine's
-            default.
+            default. Also bounds the wait for every worker to join the job
+            (default 300 s when None).
         implementation: a `CommunicationImplementation`.
 
     ```python

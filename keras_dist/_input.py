@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from keras_dist._split import per_replica_batch_size
 
@@ -90,6 +90,81 @@ def check_auto_shard_policy(dataset: Any, num_workers: int) -> None:
         "options.experimental_distribute.auto_shard_policy = "
         "tf.data.experimental.AutoShardPolicy.DATA."
     )
+
+
+def _shape(spec) -> Optional[list]:
+    """A `tf.TypeSpec`'s shape as a list (None: unknown rank or no shape)."""
+    shape = getattr(spec, "shape", None)
+    if shape is None or getattr(shape, "rank", 0) is None:
+        return None
+    try:
+        return list(shape.as_list() if hasattr(shape, "as_list") else shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _unbatched_sign(parts: list, model_input: Optional[tuple]) -> Optional[str]:
+    """Why the element shapes `parts` (x and y leaves; x first) cannot be
+    batches, or None. `model_input`: the shape of a single-input model's
+    input (batch axis included), where known."""
+    shapes = [s for s in parts if s is not None]
+    if any(len(s) == 0 for s in shapes):
+        return "a part of each element is a scalar, with no batch axis"
+    leading = [s[0] for s in shapes]
+    if len(leading) > 1 and None not in leading and len(set(leading)) > 1:
+        # tf's own test (compute_batch_size): the parts of a batch have one size.
+        return f"the parts of each element have {len(set(leading))} different leading sizes {leading}"
+    if model_input is not None and parts and parts[0] is not None:
+        x, rank = parts[0], len(model_input)
+        squeezed = len(x) == rank - 1 and model_input[-1] == 1  # Keras adds that axis
+        if len(x) < rank and not squeezed:
+            return (
+                f"its inputs have shape {tuple(x)} and the model takes "
+                f"{tuple(model_input)}, with the batch axis first"
+            )
+    return None
+
+
+def check_batched(dataset: Any, num_replicas: int, model: Any = None, what: str = "fit") -> None:
+    """Refuses a `tf.data` dataset of single examples (not batched).
+
+    Only a dataset's `element_spec` is read, never its data. Signs, as tf's:
+    a scalar part, parts of different static leading sizes, or (with a
+    single-input `model`) inputs of lower rank than the model's.
+    """
+    spec = getattr(dataset, "element_spec", None)
+    if spec is None or not callable(getattr(dataset, "batch", None)):
+        return
+    import keras
+
+    if model is None:  # a custom loop: every part is split by rows
+        parts = [_shape(s) for s in keras.tree.flatten(spec)]
+        model_input = None
+    else:
+        spec = tuple(spec) if isinstance(spec, list) else spec
+        x, y = (spec[0], spec[1] if len(spec) > 1 else None) if isinstance(spec, tuple) else (spec, None)
+        parts = [_shape(s) for s in keras.tree.flatten(x)]
+        model_input = _single_input_shape(model) if len(parts) == 1 else None
+        parts += [_shape(s) for s in keras.tree.flatten(y)]
+    reason = _unbatched_sign(parts, model_input)
+    if reason is None:
+        return
+    raise ValueError(
+        f"{what} got a tf.data dataset that is not batched: {reason}. A "
+        "distributed step takes a global batch and splits its rows over the "
+        f"{num_replicas} replicas in sync. Batch the dataset first: "
+        "dataset.batch(global_batch_size)."
+    )
+
+
+def _single_input_shape(model) -> Optional[tuple]:
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # a subclassed or unbuilt model
+        return None
+    if not inputs or len(inputs) != 1:
+        return None
+    return tuple(inputs[0].shape)
 
 
 def check_dataset(dataset: Any) -> None:

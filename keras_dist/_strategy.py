@@ -10,9 +10,11 @@ Adding a strategy: a subclass here (and, if it needs facts of its own, of
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from keras_dist import _context, _cross_device_ops, _devices
+from keras_dist import _heartbeat as heartbeat
 from keras_dist._context import ReplicaContext
 from keras_dist._reduce import ReduceOp
 from keras_dist.backends import get_adapter
@@ -171,6 +173,7 @@ class Strategy:
                 "strategy.run(fn, args=...) takes a tuple of arguments, got "
                 f"{type(args).__name__}; for one argument write args=(value,)."
             )
+        heartbeat.beat()
         with self.scope():
             return get_adapter().run(self, self._extended.engine, fn, tuple(args), dict(kwargs or {}))
 
@@ -204,11 +207,12 @@ class Strategy:
             strategy.run(lambda a, b: keras.ops.sum(a), args=(x_part, y_part))
         ```
         """
-        from keras_dist._input import DistributedDataset, check_auto_shard_policy, check_dataset
+        from keras_dist._input import DistributedDataset, check_auto_shard_policy, check_batched, check_dataset
 
         _refuse_options("experimental_distribute_dataset", options, "InputOptions")
         check_dataset(dataset)
         check_auto_shard_policy(dataset, self._extended.num_workers)
+        check_batched(dataset, self.num_replicas_in_sync, what="experimental_distribute_dataset")
         engine = self._extended.engine
         adapter = get_adapter()
         return DistributedDataset(
@@ -338,6 +342,28 @@ class MirroredStrategy(Strategy):
         cross_device_ops = _cross_device_ops.validate(cross_device_ops, resolved)
         adapter.check_cross_device_ops(cross_device_ops, resolved)
         super().__init__(StrategyExtended(self, resolved, cross_device_ops))
+        if devices is None and len(resolved) == 1:
+            _note_one_replica(resolved[0])
+
+
+_logger = logging.getLogger("keras_dist")
+_noted_one_replica = False
+
+
+def _note_one_replica(device: str) -> None:
+    """Says once per process that `MirroredStrategy()` found one device (a
+    warning: Python shows those on stderr with no logging set up)."""
+    global _noted_one_replica
+    if _noted_one_replica:
+        return
+    _noted_one_replica = True
+    _logger.warning(
+        "MirroredStrategy() found one device (%s), so it runs one replica. "
+        "To try several replicas on this host's CPU, call "
+        "keras_dist.simulate_cpu_devices(n) before the backend starts (right "
+        "after the imports, before any computation).",
+        device,
+    )
 
 
 class _MultiWorkerExtended(StrategyExtended):
@@ -414,6 +440,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         self._cluster_resolver = resolver
         adapter = get_adapter()
         adapter.initialize_multi_worker(resolver, options)
+        heartbeat.beat()  # joined the job
         super().__init__(
             _MultiWorkerExtended(
                 self, adapter.visible_devices(), adapter.global_devices(), resolver, options

@@ -11,17 +11,25 @@ keras-dist launch -n 2 train.py --epochs 3
 python -m keras_dist.launch -n 2 --backend jax train.py --epochs 3
 ```
 
-Each worker's output lines are prefixed with `[worker i] `. If a worker
+Each worker's output lines are prefixed with `[worker i] `; gloo's
+"[Gloo] Rank i is connected to n peer ranks" lines are dropped. If a worker
 fails, the others are stopped and the whole job is restarted (with fresh
 ports) while `--max-restarts` allows, else the launcher exits with the
 failing worker's code. No worker (nor anything it started) outlives the
 launcher.
+
+Liveness guard: with `--timeout SECONDS`, a job in which no worker has
+made progress for SECONDS (no output line, no heartbeat: keras_dist beats
+at every training step and `strategy.run`) is stopped, naming each silent
+worker and whether its process is stopped, and the launcher exits 124.
+`--max-time SECONDS` bounds the whole job instead, progress or not.
 
 Every worker gets, besides `TF_CONFIG`:
 
 - `KERAS_DIST_COORDINATOR`: `host:port` for JAX's distributed coordinator,
 - `KERAS_DIST_NUM_WORKERS`, `KERAS_DIST_WORKER_INDEX`,
 - `KERAS_DIST_RESTART`: the attempt number, 0 for the first run,
+- `KERAS_DIST_HEARTBEAT_FILE`: the file keras_dist touches on progress,
 - `KERAS_BACKEND` when a backend is given (else it is inherited),
 - `PYTHONUNBUFFERED=1` unless already set, so output arrives line by line.
 """
@@ -31,10 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -77,15 +88,20 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _validate(script, args, num_workers, backend, max_restarts, timeout) -> None:
+def _check_seconds(name: str, value) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    ):
+        raise ValueError(f"{name} must be a number of seconds > 0 (or None), got {value!r}")
+
+
+def _validate(script, args, num_workers, backend, max_restarts, timeout, max_time=None) -> None:
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ValueError(f"the number of workers must be an integer >= 1, got {num_workers!r}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
-    ):
-        raise ValueError(f"timeout must be a number of seconds > 0 (or None), got {timeout!r}")
+    _check_seconds("timeout", timeout)
+    _check_seconds("max_time", max_time)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None), got {backend!r}")
     if not isinstance(script, (str, os.PathLike)) or not os.fspath(script):
@@ -121,12 +137,70 @@ class _Output:
         self.write(sys.stderr, (_PREFIX + text + "\n").encode())
 
 
-def _pump(pipe, prefix: bytes, stream_name: str, output: _Output) -> None:
+#: gloo (JAX's CPU collectives across processes) prints "[Gloo] Rank i is
+#: connected to n peer ranks. Expected number of connected peer ranks is : n"
+#: to stdout for every group of devices a worker joins, with no setting to
+#: turn it off; groups that connect at once interleave its pieces mid-line.
+#: Lines made only of those pieces are dropped ("is NOT connected" passes).
+_GLOO_CONNECTED = re.compile(
+    rb"^(?=.*(?:\[Gloo\]|connected))"
+    rb"(?:\[Gloo\] Rank |\d+| is connected to | peer ranks\. |Expected number of connected peer ranks is : )+"
+    rb"\r?\n?$"
+)
+
+
+def _pump(pipe, prefix: bytes, stream_name: str, output: _Output, progress: "_Progress", index: int) -> None:
     with pipe:
         for line in iter(pipe.readline, b""):
+            progress.record(index)
+            if _GLOO_CONNECTED.match(line):
+                continue
             if not line.endswith(b"\n"):
                 line += b"\n"
             output.write(getattr(sys, stream_name), prefix + line)
+
+
+def _process_state(pid: int) -> str:
+    """'stopped' (SIGSTOP), 'running' or 'waiting', from /proc where there is one."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {"T": "stopped", "t": "stopped", "R": "running", "Z": "exited"}.get(state, "waiting")
+
+
+class _Progress:
+    """When each worker last made progress: an output line or a heartbeat
+    (the mtime of its `KERAS_DIST_HEARTBEAT_FILE`)."""
+
+    def __init__(self, num_workers: int, directory: str) -> None:
+        start = time.monotonic()
+        self._last = [start] * num_workers
+        self.files = [os.path.join(directory, f"worker{i}.heartbeat") for i in range(num_workers)]
+
+    def record(self, index: int) -> None:
+        self._last[index] = time.monotonic()
+
+    def silent_for(self, index: int) -> float:
+        now = time.monotonic()
+        last = self._last[index]
+        try:
+            beat_age = time.time() - os.stat(self.files[index]).st_mtime
+            last = max(last, now - max(0.0, beat_age))
+        except OSError:
+            pass  # no heartbeat yet
+        return now - last
+
+    def describe(self, processes: list[subprocess.Popen]) -> str:
+        parts = []
+        for index, process in enumerate(processes):
+            state = _process_state(process.pid)
+            parts.append(
+                f"worker {index}: silent {self.silent_for(index):.0f} s"
+                + (f", process {state}" if state else "")
+            )
+        return "; ".join(parts)
 
 
 class _Signals:
@@ -198,10 +272,11 @@ def _stop(processes: list[subprocess.Popen], grace: float) -> None:
 
 
 class _Outcome:
-    def __init__(self, kind: str, index: int = -1, returncode: int = 0) -> None:
-        self.kind = kind  # "ok", "failed", "timeout" or "signal"
+    def __init__(self, kind: str, index: int = -1, returncode: int = 0, detail: str = "") -> None:
+        self.kind = kind  # "ok", "failed", "stalled", "timeout" or "signal"
         self.index = index
         self.returncode = returncode
+        self.detail = detail
 
 
 def _run_attempt(
@@ -212,6 +287,7 @@ def _run_attempt(
     backend: str | None,
     attempt: int,
     deadline: float | None,
+    stall_timeout: float | None,
     signals: _Signals,
     output: _Output,
 ) -> _Outcome:
@@ -219,6 +295,8 @@ def _run_attempt(
     cluster = {"worker": [_address(host, p) for p in ports[:num_workers]]}
     processes: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
+    heartbeats = tempfile.mkdtemp(prefix="keras-dist-heartbeat-")
+    progress = _Progress(num_workers, heartbeats)
     try:
         for index in range(num_workers):
             env = dict(base_env)
@@ -229,6 +307,7 @@ def _run_attempt(
                 KERAS_DIST_NUM_WORKERS=str(num_workers),
                 KERAS_DIST_WORKER_INDEX=str(index),
                 KERAS_DIST_RESTART=str(attempt),
+                KERAS_DIST_HEARTBEAT_FILE=progress.files[index],
             )
             if backend is not None:
                 env["KERAS_BACKEND"] = backend
@@ -246,7 +325,7 @@ def _run_attempt(
             prefix = f"[worker {index}] ".encode()
             for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
                 pump = threading.Thread(
-                    target=_pump, args=(pipe, prefix, name, output), daemon=True,
+                    target=_pump, args=(pipe, prefix, name, output, progress, index), daemon=True,
                     name=f"keras-dist-worker{index}-{name}",
                 )
                 pump.start()
@@ -264,6 +343,10 @@ def _run_attempt(
                     return _Outcome("failed", index, returncode)
             if not running:
                 return _Outcome("ok")
+            if stall_timeout is not None and all(
+                progress.silent_for(i) > stall_timeout for i in range(len(processes))
+            ):
+                return _Outcome("stalled", detail=progress.describe(processes))
             wait = _POLL_SECONDS
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -275,6 +358,7 @@ def _run_attempt(
         _stop(processes, GRACE_SECONDS)
         for pump in pumps:
             pump.join(timeout=2.0)
+        shutil.rmtree(heartbeats, ignore_errors=True)
 
 
 def launch(
@@ -286,36 +370,47 @@ def launch(
     timeout: float | None = None,
     host: str = "127.0.0.1",
     env: Mapping[str, str] | None = None,
+    max_time: float | None = None,
 ) -> int:
     """Runs `script` as `num_workers` local workers; returns the exit code.
 
     `env` is the workers' base environment (default: `os.environ`), to which
     `TF_CONFIG` and the `KERAS_DIST_*` variables are added. A failed worker
-    stops the job, which restarts up to `max_restarts` times; `timeout`
-    (seconds) bounds the whole job, restarts included. Returns 0 on success,
-    the failing worker's exit code (128 + signal if it was killed), 124 on
-    timeout, or 128 + signal if the launcher was interrupted. Invalid
-    arguments raise `ValueError` before anything starts.
+    stops the job, which restarts up to `max_restarts` times. `timeout`
+    (seconds) is the liveness guard: the job is stopped when no worker has
+    printed a line or sent a heartbeat for that long; `max_time` (seconds)
+    bounds the whole job, restarts included. Returns 0 on success, the
+    failing worker's exit code (128 + signal if it was killed), 124 when
+    stopped by `timeout` or `max_time`, or 128 + signal if the launcher was
+    interrupted. Invalid arguments raise `ValueError` before anything
+    starts.
 
     >>> from keras_dist.launch import launch
     >>> launch("train.py", ["--epochs", "3"], num_workers=2, backend="jax")  # doctest: +SKIP
     0
     """
-    _validate(script, args, num_workers, backend, max_restarts, timeout)
+    _validate(script, args, num_workers, backend, max_restarts, timeout, max_time)
     command = [sys.executable, os.fspath(script), *map(str, args)]
     base_env = dict(os.environ if env is None else env)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if max_time is None else time.monotonic() + max_time
     output = _Output()
     attempt = 0
     with _Signals() as signals:
         while True:
             outcome = _run_attempt(
-                command, num_workers, host, base_env, backend, attempt, deadline, signals, output
+                command, num_workers, host, base_env, backend, attempt, deadline, timeout,
+                signals, output,
             )
             if outcome.kind == "ok":
                 return 0
             if outcome.kind == "timeout":
-                output.message(f"the job timed out after {timeout:g} s; stopped all workers")
+                output.message(f"the job ran past --max-time {max_time:g} s; stopped all workers")
+                return _TIMEOUT_EXIT_CODE
+            if outcome.kind == "stalled":
+                output.message(
+                    f"no worker made progress (no output, no heartbeat) for --timeout "
+                    f"{timeout:g} s ({outcome.detail}); stopped all workers"
+                )
                 return _TIMEOUT_EXIT_CODE
             if outcome.kind == "signal":
                 name = signal.Signals(signals.received).name
@@ -355,7 +450,11 @@ def _launch_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="restart the whole job up to K times after a worker fails (default: 0)")
     parser.add_argument("--timeout", type=_positive_float, default=None, metavar="SECONDS",
-                        help="stop the whole job after SECONDS and exit 124 (default: none)")
+                        help="liveness guard: stop the job and exit 124 when no worker has "
+                        "printed a line or sent a heartbeat for SECONDS (default: none)")
+    parser.add_argument("--max-time", type=_positive_float, default=None, metavar="SECONDS",
+                        help="stop the whole job after SECONDS, progress or not, and exit 124 "
+                        "(default: none)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the workers bind to (default: 127.0.0.1)")
     parser.add_argument("script", help="the Python script each worker runs")
@@ -408,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parser.parse_args(argv)
         try:
             _validate(options.script, options.args, options.num_workers, options.backend,
-                      options.max_restarts, options.timeout)
+                      options.max_restarts, options.timeout, options.max_time)
         except ValueError as error:
             parser.error(str(error))
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
@@ -422,6 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_restarts=options.max_restarts,
         timeout=options.timeout,
         host=options.host,
+        max_time=options.max_time,
     )
 
 

@@ -1,5 +1,16 @@
-"""Test set-up: one backend per pytest process, 4 simulated CPU devices."""
+"""Test set-up: one backend per pytest process, 4 simulated CPU devices.
 
+A test that needs the *other* backend's package in this process (tf.data
+input or TensorBoard's tf.summary on JAX) is marked `needs_tensorflow`.
+`make test-jax` runs the JAX suite where tensorflow is not installed, as a
+user's `pip install ".[jax]"`; there those tests are skipped, with the
+reason naming `make test-jax-with-tensorflow`, which runs just them
+(`--only-other-backend-tests`) where both packages are installed. No
+TensorFlow-backend test needs jax: `make test-tensorflow` runs them all
+where jax is not installed.
+"""
+
+import importlib.util
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -15,8 +26,35 @@ keras_dist.simulate_cpu_devices(NUM_DEVICES)
 BACKEND = keras.config.backend()
 
 
+#: backend -> (marker of the tests that need the other backend's package,
+#: that package, the make target that runs those tests). None on TensorFlow.
+OTHER_BACKEND = {"jax": ("needs_tensorflow", "tensorflow", "make test-jax-with-tensorflow")}
+
+
 def pytest_report_header(config):
     return f"keras {keras.version()}, backend {BACKEND}, {NUM_DEVICES} simulated CPU devices"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--only-other-backend-tests",
+        action="store_true",
+        help="run only the tests that need the other backend's package in this process "
+        "(needs_tensorflow on JAX); combines with -m",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    marker, package, target = OTHER_BACKEND.get(BACKEND, (None, None, None))
+    needs = [bool(marker and item.get_closest_marker(marker)) for item in items]
+    if config.getoption("--only-other-backend-tests"):
+        config.hook.pytest_deselected(items=[item for item, need in zip(items, needs) if not need])
+        items[:] = [item for item, need in zip(items, needs) if need]
+    elif any(needs) and importlib.util.find_spec(package) is None:
+        skip = pytest.mark.skip(reason=f"needs {package} in a {BACKEND} process, not installed here; `{target}` runs it")
+        for item, need in zip(items, needs):
+            if need:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -1,6 +1,10 @@
 """Custom training loops: strategy.run / reduce / gather, distributed
 datasets, replica context and loss helpers, against single-device runs and
-hand-computed values."""
+hand-computed values.
+
+Input is lists of NumPy batches, which need nothing but the backend in use;
+the same tests on tf.data input are marked `needs_tensorflow` (on JAX they
+run where tensorflow is installed too: `make test-jax-with-tensorflow`)."""
 
 import numpy as np
 import pytest
@@ -10,7 +14,25 @@ import keras_dist
 from _helpers import FEATURES, make_data
 from conftest import BACKEND
 
-tf = pytest.importorskip("tensorflow")
+
+def _numpy_batches(arrays, batch_size):
+    """`arrays` (an array or a tuple of arrays) as a list of global batches."""
+    if isinstance(arrays, tuple):
+        return list(zip(*(_numpy_batches(a, batch_size) for a in arrays)))
+    return [arrays[i : i + batch_size] for i in range(0, len(arrays), batch_size)]
+
+
+def _tf_data(arrays, batch_size):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
+
+
+#: How a test builds its input: make_input(arrays, batch_size) -> dataset.
+INPUTS = [
+    pytest.param(_numpy_batches, id="numpy"),
+    pytest.param(_tf_data, id="tf.data", marks=pytest.mark.needs_tensorflow),
+]
 
 
 def _model(seed=1):
@@ -25,6 +47,7 @@ def _custom_loop(strategy, model, optimizer, dataset):
     loss_object = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
     distributed = strategy.experimental_distribute_dataset(dataset)
     if BACKEND == "tensorflow":
+        import tensorflow as tf
 
         def train_step(inputs):
             features, labels = inputs
@@ -83,9 +106,19 @@ CASES = {"even-2000-64": (2000, 64), "partial-1003-64": (1003, 64), "batch10-par
 @pytest.mark.parametrize("num_replicas", [1, 2, 4])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_custom_loop_matches_single_device(mirrored, case, num_replicas):
+    _check_custom_loop(mirrored, case, num_replicas, _numpy_batches)
+
+
+@pytest.mark.needs_tensorflow
+@pytest.mark.parametrize("case", ["batch10-partial", "partial-1003-64"])
+def test_custom_loop_on_tf_data_matches_single_device(mirrored, case):
+    _check_custom_loop(mirrored, case, 4, _tf_data)
+
+
+def _check_custom_loop(mirrored, case, num_replicas, make_input):
     num_samples, batch_size = CASES[case]
     x, y = make_data(num_samples)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    dataset = make_input((x, y), batch_size)
 
     reference = _model()
     expected = _custom_loop(keras_dist.get_strategy(), reference, keras.optimizers.Adam(0.01), dataset)
@@ -162,7 +195,8 @@ def test_all_reduce_and_all_gather_by_hand(mirrored):
         np.testing.assert_array_equal(value, even)
 
 
-def test_distribute_datasets_from_function(mirrored):
+@pytest.mark.parametrize("make_input", INPUTS)
+def test_distribute_datasets_from_function(mirrored, make_input):
     strategy = mirrored(4)
     seen = []
     x = np.arange(40, dtype="float32").reshape(40, 1)
@@ -170,7 +204,7 @@ def test_distribute_datasets_from_function(mirrored):
     def dataset_fn(context):
         seen.append(context)
         per_replica = context.get_per_replica_batch_size(16)
-        return tf.data.Dataset.from_tensor_slices(x).batch(per_replica)
+        return make_input(x, per_replica)
 
     batches = list(strategy.distribute_datasets_from_function(dataset_fn))
     (context,) = seen
@@ -317,18 +351,22 @@ class TestJaxRun:
         assert jitted._cache_size() == compiled and len(traces) == traced
 
 
-def test_distributed_datasets_can_be_read_again(mirrored):
+@pytest.mark.parametrize("make_input", INPUTS)
+def test_distributed_datasets_can_be_read_again(mirrored, make_input):
     strategy = mirrored(2)
     x = _ten_rows()
-    dataset = tf.data.Dataset.from_tensor_slices(x).batch(4)
+    dataset = make_input(x, 4)
     distributed = strategy.experimental_distribute_dataset(dataset)
     assert len(list(distributed)) == 3 and len(list(distributed)) == 3
     from_function = strategy.distribute_datasets_from_function(lambda context: dataset)
     assert len(list(from_function)) == 2 and len(list(from_function)) == 2
 
 
+@pytest.mark.needs_tensorflow
 def test_default_strategy_yields_batches_the_backend_takes():
-    dataset = tf.data.Dataset.from_tensor_slices(_ten_rows()).batch(4)
+    import tensorflow as tf
+
+    dataset = _tf_data(_ten_rows(), 4)
     batches = list(keras_dist.get_strategy().experimental_distribute_dataset(dataset))
     assert len(batches) == 3
     expected = np.ndarray if BACKEND == "jax" else tf.Tensor

@@ -9,6 +9,14 @@ before the backend starts, so they cannot share this process):
 * every ```python block of each guide in `GUIDES`, concatenated in order
   into one script, must exit 0. Blocks fenced otherwise (```text ...) are
   illustrations and are not run.
+
+A guide's code runs on either backend and needs only that backend's package:
+a JAX reader may have no TensorFlow. Code that needs tensorflow on JAX too
+(tf.data input) goes in a block fenced ```python tf, placed so that the
+script runs with or without it. On TensorFlow every block runs. On JAX the
+guide runs twice: its ```python blocks alone, with tensorflow made
+unimportable (as on a `pip install ".[jax]"`), and, marked
+`needs_tensorflow`, every block (`make test-jax-with-tensorflow`).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from pathlib import Path
 
 import keras
 import pytest
+
+from conftest import BACKEND
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 300
@@ -36,23 +46,37 @@ GUIDES = [
     "guides/performance.md",
 ]
 
-_PYTHON_BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+_PYTHON_BLOCK = re.compile(r"^```python( tf)?[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 
 
-def _env() -> dict:
+def _env(hidden: Path | None = None) -> dict:
+    """The backend of this process; `hidden` (a folder of stand-in packages
+    that fail to import) goes first on the path."""
     env = dict(os.environ)
     env["KERAS_BACKEND"] = keras.config.backend()
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     paths = [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if hidden is not None:
+        paths.insert(0, str(hidden))
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 
-def _run(args, **kwargs) -> subprocess.CompletedProcess:
+def _hide(package: str, folder: Path) -> Path:
+    """A stand-in for `package` in `folder` whose import fails as if it were
+    not installed."""
+    (folder / package).mkdir(parents=True)
+    (folder / package / "__init__.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{package}'\", name='{package}')\n"
+    )
+    return folder
+
+
+def _run(args, hidden: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *map(str, args)],
         cwd=REPO,
-        env=_env(),
+        env=_env(hidden),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -68,19 +92,21 @@ def _report(result: subprocess.CompletedProcess) -> str:
     )
 
 
-def python_blocks(markdown: str) -> list[tuple[int, str]]:
-    """``(line number, code)`` of every ```python block, in order."""
+def python_blocks(markdown: str, tensorflow: bool = True) -> list[tuple[int, str]]:
+    """``(line number, code)`` of every ```python block, in order, and of
+    every ```python tf block too if `tensorflow`."""
     return [
-        (markdown.count("\n", 0, match.start()) + 1, match.group(1))
+        (markdown.count("\n", 0, match.start()) + 1, match.group(2))
         for match in _PYTHON_BLOCK.finditer(markdown)
+        if tensorflow or not match.group(1)
     ]
 
 
-def guide_script(path: Path) -> str:
+def guide_script(path: Path, tensorflow: bool = True) -> str:
     """The guide's python blocks as one script, each marked with its line."""
     parts = [
         f"# --- {path.name}, python block {number} (line {line}) ---\n{code}"
-        for number, (line, code) in enumerate(python_blocks(path.read_text()), 1)
+        for number, (line, code) in enumerate(python_blocks(path.read_text(), tensorflow), 1)
     ]
     return "\n".join(parts)
 
@@ -88,9 +114,11 @@ def guide_script(path: Path) -> str:
 def test_python_blocks_are_extracted():
     markdown = (
         "intro\n```python\nx = 1\n```\n\n```text\nnot run\n```\n"
+        "```python tf\nimport tensorflow\n```\n"
         "```python\nprint(x)\n```\n"
     )
-    assert python_blocks(markdown) == [(2, "x = 1\n"), (9, "print(x)\n")]
+    assert python_blocks(markdown) == [(2, "x = 1\n"), (9, "import tensorflow\n"), (12, "print(x)\n")]
+    assert python_blocks(markdown, tensorflow=False) == [(2, "x = 1\n"), (12, "print(x)\n")]
 
 
 def _assert_match(result: subprocess.CompletedProcess) -> None:
@@ -112,10 +140,22 @@ def test_example_custom_loop_matches_single_device():
     assert f"backend {backend}" in result.stdout, _report(result)
 
 
-@pytest.mark.parametrize("guide", GUIDES)
-def test_guide_python_blocks_run(guide, tmp_path):
+def _guide_runs() -> list:
+    """(guide, with its ```python tf blocks) of each run on this backend."""
+    if BACKEND != "jax":
+        return [pytest.param(guide, True, id=guide) for guide in GUIDES]
+    runs = [pytest.param(guide, False, id=guide) for guide in GUIDES]
+    for guide in GUIDES:
+        text = (REPO / guide).read_text()
+        if len(python_blocks(text)) > len(python_blocks(text, tensorflow=False)):
+            runs.append(pytest.param(guide, True, id=f"{guide}+tf", marks=pytest.mark.needs_tensorflow))
+    return runs
+
+
+@pytest.mark.parametrize("guide, tensorflow", _guide_runs())
+def test_guide_python_blocks_run(guide, tensorflow, tmp_path):
     path = REPO / guide
-    blocks = python_blocks(path.read_text())
+    blocks = python_blocks(path.read_text(), tensorflow)
     assert blocks, f"{guide} has no ```python blocks"
     # Every guide must run on a CPU-only machine: its first block sets up
     # simulated devices before anything is computed.
@@ -124,6 +164,9 @@ def test_guide_python_blocks_run(guide, tmp_path):
         "keras_dist.simulate_cpu_devices(n)"
     )
     script = tmp_path / (path.stem + ".py")
-    script.write_text(guide_script(path))
-    result = _run([script])
+    script.write_text(guide_script(path, tensorflow))
+    # Without its tf blocks, the guide must not need tensorflow (nor may it
+    # use tensorflow's tf.data silently where it happens to be installed).
+    hidden = None if tensorflow else _hide("tensorflow", tmp_path / "hidden")
+    result = _run([script], hidden=hidden)
     assert result.returncode == 0, f"{guide} failed ({script}):\n" + _report(result)

@@ -6,6 +6,7 @@ import keras
 
 import keras_dist
 from _helpers import FEATURES, compile_model, make_data, mlp
+from conftest import BACKEND
 
 
 def _snapshot(model):
@@ -201,3 +202,102 @@ def test_bad_cluster_descriptions_fail_before_joining(cluster, task, pattern):
     resolver = SimpleClusterResolver(cluster, task_type=task and task[0], task_id=task and task[1])
     with pytest.raises(ValueError, match=pattern):
         keras_dist.MultiWorkerMirroredStrategy(resolver)
+
+
+@pytest.mark.needs_tensorflow
+def test_unbatched_tf_data_dataset(mirrored, data):
+    """A tf.data dataset of single examples (no `.batch`) is refused, by its
+    element spec, before anything runs; the error names the fix."""
+    tf = pytest.importorskip("tensorflow")
+    x, y = data
+    strategy = mirrored(2)
+    model = _distributed_model(strategy)
+    snapshot = _snapshot(model)
+    examples = {
+        "scalar labels": tf.data.Dataset.from_tensor_slices((x, y[:, 0])),
+        "two leading sizes": tf.data.Dataset.from_tensor_slices((x, y)),
+        "inputs only": tf.data.Dataset.from_tensor_slices(x),  # rank 1 < the model's 2
+    }
+    fix = r"not batched: .*dataset\.batch\(global_batch_size\)"
+    for name, dataset in examples.items():
+        for call in (model.fit, model.evaluate, model.predict):
+            if name == "inputs only" and call is not model.predict:
+                continue
+            with pytest.raises(ValueError, match=f"{call.__name__} got a tf.data dataset that is " + fix):
+                call(dataset, verbose=0)
+    with pytest.raises(ValueError, match="fit's validation_data got .*" + fix):
+        model.fit(x, y, batch_size=10, validation_data=examples["scalar labels"], verbose=0)
+    for name in ("scalar labels", "two leading sizes"):
+        with pytest.raises(ValueError, match="experimental_distribute_dataset got .*" + fix):
+            strategy.experimental_distribute_dataset(examples[name])
+    _assert_unchanged(model, snapshot)
+    # Batched datasets pass, drop_remainder (static sizes) included.
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(10, drop_remainder=True), verbose=0)
+    assert len(list(strategy.experimental_distribute_dataset(examples["inputs only"].batch(8)))) == 5
+
+
+@pytest.mark.parametrize("kind", ["arrays", pytest.param("tf.data", marks=pytest.mark.needs_tensorflow)])
+def test_empty_input_to_fit_and_evaluate(mirrored, data, kind):
+    """An input with no batch never ends in a bare StopIteration. TensorFlow
+    does what plain Keras does there: no step, the same results; on JAX,
+    where plain Keras stops with a bare StopIteration, one clear error."""
+    x, y = data
+
+    def empty():
+        if kind == "arrays":
+            return {"x": x[:0], "y": y[:0]}
+        tf = pytest.importorskip("tensorflow")
+        return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(10).filter(lambda a, b: False)}
+
+    model = _distributed_model(mirrored(2))
+    snapshot = _snapshot(model)
+    if BACKEND == "jax":
+        for call in (model.fit, model.evaluate):
+            with pytest.raises(ValueError, match=rf"{call.__name__} got no batch: the input is empty.*at least one batch"):
+                call(**empty(), verbose=0)
+    else:
+        plain = compile_model(mlp(), "sgd")
+        with pytest.warns(UserWarning, match="ran out of data"):
+            history = model.fit(**empty(), verbose=0).history
+        assert history == plain.fit(**empty(), verbose=0).history == {}
+        assert model.evaluate(**empty(), verbose=0) == plain.evaluate(**empty(), verbose=0)
+    _assert_unchanged(model, snapshot)
+
+
+def test_an_empty_dataset_ends_a_custom_loop(mirrored):
+    """As in tf.distribute: iterating an empty distributed dataset ends the
+    `for` loop; batches with no arrays pass through as they are."""
+    strategy = mirrored(2)
+    steps = [batch for batch in strategy.experimental_distribute_dataset([])]
+    assert steps == []
+    with pytest.raises(StopIteration):  # plain Python, for an explicit next()
+        next(iter(strategy.experimental_distribute_dataset([])))
+    assert list(strategy.experimental_distribute_dataset([(), {}])) == [(), {}]
+    from_function = strategy.distribute_datasets_from_function(lambda context: [])
+    assert list(from_function) == []
+
+
+def test_apply_gradients_in_cross_replica_context(mirrored):
+    """Inside the scope but outside strategy.run, apply_gradients is refused
+    (as tf.keras 2 refused it), naming strategy.run, before the optimizer
+    builds or any variable changes; outside the scope it applies."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = mlp()
+        optimizer = keras.optimizers.SGD(0.1, name="sgd")
+    variables = model.trainable_variables
+    gradients = [np.ones(v.shape, "float32") for v in variables]
+    weights = model.get_weights()
+    per_replica = strategy.run(lambda: [keras.ops.ones(v.shape) for v in variables])
+    fix = r"`apply_gradients\(\)` of 'sgd' cannot be called in cross-replica context.*Use `strategy.run`"
+    with strategy.scope():
+        for grads in (gradients, per_replica):
+            with pytest.raises(RuntimeError, match=fix):
+                optimizer.apply_gradients(zip(grads, variables))
+        with pytest.raises(RuntimeError, match=fix):
+            optimizer.apply(gradients, variables)
+    assert not optimizer.built and int(optimizer.iterations.numpy()) == 0
+    for before, after in zip(weights, model.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    optimizer.apply_gradients(zip(gradients, variables))  # outside any scope
+    assert int(optimizer.iterations.numpy()) == 1

@@ -208,7 +208,25 @@ def _step_probe(kind):
 
 
 def _probe_optimizer_apply(mirrored, tmp_path):
-    """An optimizer first applied inside strategy.run builds its slots."""
+    """An optimizer applied in cross-replica context is refused, leaving the
+    weights as they were; on TensorFlow, one first applied inside
+    strategy.run builds its slots."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = mlp()
+        optimizer = keras.optimizers.SGD(0.1)
+        try:
+            optimizer.apply_gradients([(np.ones(v.shape, "float32"), v) for v in model.trainable_variables])
+            refused = ""
+        except RuntimeError as error:
+            refused = str(error)
+    outcome = [refused, model.get_weights()]
+    if BACKEND == "tensorflow":
+        outcome.append(_apply_first_inside_run(mirrored))
+    return outcome
+
+
+def _apply_first_inside_run(mirrored):
     import tensorflow as tf
 
     strategy = mirrored(2)

@@ -24,8 +24,10 @@ def _fit_both(reference, distributed, make_input, **fit_kwargs):
     assert_same_weights(reference, distributed)
 
 
+@pytest.mark.needs_tensorflow
 def test_tf_data_dataset(mirrored):
-    tf = pytest.importorskip("tensorflow")
+    import tensorflow as tf
+
     x, y = make_data(NUM_SAMPLES)
     reference, distributed = twin(mirrored(4), batch_norm=True)
     make = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)

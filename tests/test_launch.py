@@ -64,6 +64,22 @@ elif mode == "fail-first":  # worker 0 fails on the first attempt only
     print(f"attempt {attempt} ok")
 elif mode == "sleep":
     time.sleep(60)
+elif mode == "talk":  # prints a line every 0.3 s for 4 s, then succeeds
+    for _ in range(13):
+        print("still here", flush=True)
+        time.sleep(0.3)
+elif mode == "beat":  # silent, but beats through keras_dist for 4 s
+    from keras_dist import _heartbeat
+    _heartbeat.INTERVAL_SECONDS = 0.2
+    end = time.time() + 4
+    while time.time() < end:
+        _heartbeat.beat()
+        time.sleep(0.05)
+elif mode == "freeze":  # worker 0 stops itself; worker 1 waits, silent
+    if index == 0:
+        import signal
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(60)
 """
 
 
@@ -178,11 +194,36 @@ def test_restart_after_failure(tmp_path, worker):
     _assert_all_gone(tmp_path)
 
 
-def test_timeout_stops_the_job(tmp_path, worker):
+def test_timeout_stops_a_job_that_makes_no_progress(tmp_path, worker):
     result, elapsed = _run("-n", 2, "--timeout", 3, worker, tmp_path, "sleep", timeout=60)
     assert result.returncode == 124, result.stdout + result.stderr
     assert elapsed < 15
-    assert "timed out" in result.stderr
+    assert "no worker made progress" in result.stderr
+    assert "worker 0: silent 3 s" in result.stderr and "worker 1: silent 3 s" in result.stderr
+    _assert_all_gone(tmp_path)
+
+
+def test_timeout_names_a_stopped_worker(tmp_path, worker):
+    result, elapsed = _run("-n", 2, "--timeout", 3, worker, tmp_path, "freeze", timeout=60)
+    assert result.returncode == 124, result.stdout + result.stderr
+    assert "worker 0: silent 3 s, process stopped" in result.stderr, result.stderr
+    assert "worker 1: silent 3 s, process waiting" in result.stderr, result.stderr
+    _assert_all_gone(tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["talk", "beat"])
+def test_output_or_heartbeats_keep_a_job_alive_past_the_timeout(tmp_path, worker, mode):
+    result, elapsed = _run("-n", 2, "--timeout", 2, worker, tmp_path, mode, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert elapsed > 4
+    _assert_all_gone(tmp_path)
+
+
+def test_max_time_stops_a_job_that_makes_progress(tmp_path, worker):
+    result, elapsed = _run("-n", 2, "--timeout", 2, "--max-time", 2, worker, tmp_path, "talk", timeout=60)
+    assert result.returncode == 124, result.stdout + result.stderr
+    assert elapsed < 4 + launch_module.GRACE_SECONDS
+    assert "ran past --max-time 2 s" in result.stderr
     _assert_all_gone(tmp_path)
 
 
@@ -213,6 +254,7 @@ def test_sigterm_to_launcher_stops_workers(tmp_path, worker):
         (["-n", "0", "{worker}"], "number of workers"),
         (["-n", "2", "{missing}"], "script not found"),
         (["-n", "2", "--max-restarts", "-1", "{worker}"], "max_restarts"),
+        (["-n", "2", "--max-time", "0", "{worker}"], "--max-time"),
         (["-n", "2", "--backend", "torch", "{worker}"], "invalid choice"),
         (["launch", "{worker}"], "-n"),
         ([], "usage"),
@@ -295,3 +337,17 @@ def test_the_command_line_runs_without_the_other_backend(tmp_path, worker, missi
     probe = "import sys, keras_dist; keras_dist.__version__; print('keras' in sys.modules)"
     imported = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert imported.stdout.strip() == "False", imported.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "line, dropped",
+    [
+        (b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n", True),
+        (b"[Gloo] Rank [Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n", True),
+        (b"[Gloo] Rank 1 is NOT connected to all peer ranks\n", False),
+        (b"3\n", False),
+        (b"Epoch 1/3 loss 0.5\n", False),
+    ],
+)
+def test_gloo_connected_lines_are_dropped(line, dropped):
+    assert bool(launch_module._GLOO_CONNECTED.match(line)) == dropped

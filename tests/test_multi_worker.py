@@ -4,6 +4,7 @@ run with a plain single-device run from the same initial weights."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -71,6 +72,7 @@ def test_two_workers_match_single_device(tmp_path, devices_per_worker):
     assert [r["should_checkpoint"] for r in results] == [True, False]
 
 
+@pytest.mark.needs_tensorflow
 def test_two_workers_tf_data_input_matches_single_device(tmp_path):
     codes, outputs = _run_job(tmp_path, 2, [2, 203, 10, "tfdata"])
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
@@ -94,12 +96,21 @@ def test_two_workers_custom_loop_matches_single_device(tmp_path, devices_per_wor
         assert abs(result["loss"] - result["loss_ref"]) <= 1e-5
 
 
-def test_only_the_chief_writes_files_and_prints_progress(tmp_path):
+#: TensorBoard writes with tf.summary, so on JAX it needs tensorflow; the
+#: other callbacks are checked without it too, as a JAX-only install runs them.
+TENSORBOARD = [pytest.param(True, id="tensorboard", marks=pytest.mark.needs_tensorflow)]
+if BACKEND == "jax":
+    TENSORBOARD.append(pytest.param(False, id="no-tensorboard"))
+
+
+@pytest.mark.parametrize("tensorboard", TENSORBOARD)
+def test_only_the_chief_writes_files_and_prints_progress(tmp_path, tensorboard):
     private_tmp = tmp_path / "tmp"
     private_tmp.mkdir()
     os.environ["TMPDIR"] = str(private_tmp)  # where workers make private dirs
     try:
-        codes, outputs = _run_job(tmp_path, 2, [1, 203, 10, "callbacks"])
+        mode = "callbacks+tensorboard" if tensorboard else "callbacks"
+        codes, outputs = _run_job(tmp_path, 2, [1, 203, 10, mode])
     finally:
         del os.environ["TMPDIR"]
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
@@ -109,7 +120,7 @@ def test_only_the_chief_writes_files_and_prints_progress(tmp_path):
     backup = sorted(p.name for p in (files / "backup").iterdir())
     assert backup == ["latest.weights.h5", "training_metadata.json"]  # no temp files
     assert json.loads((files / "backup" / "training_metadata.json").read_text())["epoch"] == 2
-    assert any((files / "logs").rglob("events.out.tfevents.*"))
+    assert any((files / "logs").rglob("events.out.tfevents.*")) == tensorboard
     assert "Epoch 2/2" in outputs[0] and "Epoch" not in outputs[1]
     assert (files / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in files.iterdir() if p.name.startswith(".scaling_report_")]
@@ -138,7 +149,10 @@ def test_bad_communication_options():
 
 
 def test_example_through_the_launcher(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    """In a user's environment (TF_CPP_MIN_LOG_LEVEL unset): the chief's
+    MATCH, and no engine chatter (C++ log lines, gloo's "connected" lines)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND, "--timeout", "240",
          os.path.join(ROOT, "examples", "multi_worker.py"), "--epochs", "1", "--backup-dir", str(tmp_path / "backup")],
@@ -147,8 +161,12 @@ def test_example_through_the_launcher(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "[worker 0] MATCH" in done.stdout, done.stdout[-2000:]
     assert "[worker 1] MATCH" not in done.stdout  # only the chief reports
+    output = done.stdout + done.stderr
+    assert "[Gloo]" not in output and " peer ranks" not in output, output[-2000:]  # gloo's own lines
+    assert not re.search(r"^\[worker \d+\] [IWEF]\d{4} \d\d:\d\d:\d\d", output, re.M), output[-2000:]
 
 
+@pytest.mark.needs_tensorflow
 @pytest.mark.parametrize("policy", ["OFF", "FILE", "HINT"])
 def test_multi_worker_refuses_other_auto_shard_policies(mirrored, monkeypatch, policy):
     """Input is sharded by data; a dataset asking for another policy gets
@@ -190,14 +208,24 @@ def _run_single(tmp_path, worker, argv, timeout=240):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
 
-def test_creating_the_strategy_leaves_the_users_random_state_alone(tmp_path):
-    """Seeded before the strategy: NumPy, Python and seeded tf.data draws made
-    after it equal a single process's, and a seeded-shuffle fit matches one
-    device (the multi_worker_with_keras tutorial's shape)."""
-    _run_single(tmp_path, RANDOM_WORKER, ["seeded"])
-    codes, outputs = _run_job(tmp_path, 2, ["seeded"], worker=RANDOM_WORKER)
+#: The seeded-shuffle input: tf.data needs tensorflow (on JAX too); JAX also
+#: checks NumPy input, as a JAX-only install has it.
+SHUFFLED_INPUT = [pytest.param("tfdata", marks=pytest.mark.needs_tensorflow)]
+if BACKEND == "jax":
+    SHUFFLED_INPUT.append(pytest.param("numpy"))
+
+
+@pytest.mark.parametrize("shuffled_input", SHUFFLED_INPUT)
+def test_creating_the_strategy_leaves_the_users_random_state_alone(tmp_path, shuffled_input):
+    """Seeded before the strategy: NumPy, Python and (tf.data input) seeded
+    tf.data draws made after it equal a single process's, and a
+    seeded-shuffle fit matches one device (the multi_worker_with_keras
+    tutorial's shape)."""
+    _run_single(tmp_path, RANDOM_WORKER, ["seeded", shuffled_input])
+    codes, outputs = _run_job(tmp_path, 2, ["seeded", shuffled_input], worker=RANDOM_WORKER)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
     single = json.loads((tmp_path / "random_single.json").read_text())
+    assert ("tf_data_order" in single) == (shuffled_input == "tfdata")
     for index in range(2):
         worker = json.loads((tmp_path / f"random_{index}.json").read_text())
         for key in ("numpy", "python", "tf_data_order", "initial_checksum"):
@@ -215,3 +243,42 @@ def test_unseeded_workers_start_from_the_chiefs_weights(tmp_path):
     results = [json.loads((tmp_path / f"random_{i}.json").read_text()) for i in range(2)]
     assert len({r["initial_checksum"] for r in results}) == 1, results
     assert [r["from_chief"] for r in results] == [[7.0, 7.0], [7.0, 7.0]]  # the chief is worker 0
+
+
+_JOIN = """
+import keras_dist
+keras_dist.simulate_cpu_devices(1)
+try:
+    keras_dist.MultiWorkerMirroredStrategy()
+except ValueError as error:
+    print("ValueError:", error)
+"""
+
+
+@pytest.mark.parametrize("where", ["port_taken", "not_this_machine"])
+def test_an_address_this_process_cannot_serve_fails_before_joining(where):
+    """TF serves the task's own address, JAX's chief the coordinator: a port
+    already taken, or a host that is not this machine, is one clear error
+    before joining (TF used to hang; JAX aborted with a stack dump)."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    peer = _free_ports(1)[0]
+    address = f"127.0.0.1:{taken}" if where == "port_taken" else "192.0.2.1:2222"  # TEST-NET-1
+    env = dict(
+        os.environ,
+        KERAS_BACKEND=BACKEND,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        TF_CONFIG=json.dumps({"cluster": {"worker": [address, f"127.0.0.1:{peer}"]}, "task": {"type": "worker", "index": 0}}),
+    )
+    env.pop("KERAS_DIST_COORDINATOR", None)  # JAX's chief serves its own address
+    try:
+        done = subprocess.run([sys.executable, "-c", _JOIN], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        holder.close()
+    assert "ValueError:" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "cannot be served by this process" in done.stdout and "free port" in done.stdout, done.stdout

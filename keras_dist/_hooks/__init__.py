@@ -99,14 +99,13 @@ HOOKS: tuple = (
     Hook(
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
         _steps.wrap_optimizer_apply,
-        _TF,
-        purpose="build slots outside replicas in run()",
+        purpose="refuse cross-replica context; TF: build slots outside replicas in run()",
     ),
     Hook(
         f"{_TF_TRAINER}._maybe_symbolic_build",
         _steps.wrap_maybe_symbolic_build,
         _TF,
-        purpose="skip when all is built (no extra batch per fit)",
+        purpose="skip when all is built (no extra batch per fit) or the input is empty",
     ),
 )
 

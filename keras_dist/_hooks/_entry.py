@@ -13,7 +13,7 @@ from keras_dist import _context
 from keras_dist._communication import PeerWorkerError
 from keras_dist._hooks import _files
 from keras_dist._hooks._patching import model_strategy, remember_strategy
-from keras_dist._input import check_auto_shard_policy
+from keras_dist._input import check_auto_shard_policy, check_batched
 from keras_dist._split import validate_batch_size
 from keras_dist.backends import get_adapter
 
@@ -124,18 +124,38 @@ def wrap_entry(name: str):
                     validate_batch_size(bound.get(argument), argument)
                 for argument in ("x", "validation_data"):
                     check_auto_shard_policy(bound.get(argument), strategy.extended.num_workers)
+                    what = name if argument == "x" else f"{name}'s {argument}"
+                    check_batched(bound.get(argument), strategy.num_replicas_in_sync, self, what)
                 if strategy.extended.should_checkpoint:
                     _files.check_backup_dirs_writable(bound.get("callbacks"))
             _check_model_variables(self, strategy)
-            with _explain_peer_failures(strategy):
-                if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
-                    return _files.run_as_non_chief(original, signature, strategy, self, args, kwargs)
-                with strategy.scope():
-                    return original(self, *args, **kwargs)
+            try:
+                with _explain_peer_failures(strategy):
+                    if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
+                        return _files.run_as_non_chief(original, signature, strategy, self, args, kwargs)
+                    with strategy.scope():
+                        return original(self, *args, **kwargs)
+            except StopIteration as error:  # Keras' first batch, on JAX
+                raise _no_batch_error(name) from error
 
         return entry
 
     return make
+
+
+def _no_batch_error(name: str) -> ValueError:
+    """For an input that ran out before its first batch.
+
+    Keras' JAX trainer takes the first batch to build the model with a bare
+    `next()`: on an empty input the StopIteration would leave `fit` as is
+    (and become a RuntimeError in any generator that calls it).
+    """
+    return ValueError(
+        f"{name} got no batch: the input is empty (or an iterator already "
+        "used up), so there is nothing to run. Check the input pipeline (a "
+        "`take`, `skip`, `filter` or `shard` that leaves nothing, or arrays "
+        "with 0 rows) and pass at least one batch."
+    )
 
 
 @contextlib.contextmanager

@@ -4,14 +4,17 @@
 `adapter.make_trainer_function`; around them, on JAX, batches are left to
 the step, which places them; on TensorFlow, optimizers build their slots
 outside replica computation and a fully built model skips Keras' symbolic
-build (which pulls a batch from a fresh input iterator on every `fit`).
+build (which pulls a batch from a fresh input iterator on every `fit`), as
+does an empty input. On both, a stateful optimizer `apply` in cross-replica
+context is refused.
 """
 
 from __future__ import annotations
 
 import keras
+from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-from keras_dist import _context
+from keras_dist import _context, _shard
 from keras_dist._hooks._patching import model_strategy
 from keras_dist.backends import get_adapter
 
@@ -49,8 +52,34 @@ def wrap_distribute_data(original):
     return _distribute_data
 
 
+def _check_replica_context(optimizer) -> None:
+    """Refuses a stateful `apply` in the cross-replica context of a
+    strategy of several replicas, as tf.keras 2 did, before anything changes.
+    Replica context: `strategy.run`, and `fit`'s replica steps. Stateless
+    applies (Keras' JAX steps, `stateless_apply`) are pure and pass."""
+    strategy = _context.current_strategy()
+    if (
+        strategy is None
+        or strategy.num_replicas_in_sync <= 1
+        or _context.replica_context() is not None
+        or _shard.in_replica_step()
+        or in_stateless_scope()
+    ):
+        return
+    raise RuntimeError(
+        f"`apply_gradients()` of {optimizer.name!r} cannot be called in "
+        f"cross-replica context (inside the scope of {strategy!r}, "
+        f"{strategy.num_replicas_in_sync} replicas, but outside "
+        "`strategy.run`). Use `strategy.run` to enter replica context: call "
+        "`optimizer.apply_gradients` inside the function you pass to "
+        "`strategy.run` (on JAX, `optimizer.stateless_apply`), or outside any "
+        "strategy scope."
+    )
+
+
 def wrap_optimizer_apply(original):
     def apply(self, grads, trainable_variables=None):
+        _check_replica_context(self)
         context = _context.replica_context()
         if (
             context is not None
@@ -81,8 +110,21 @@ def _fully_built(model) -> bool:
 
 def wrap_maybe_symbolic_build(original):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if model_strategy(self) is not None and _fully_built(self):
+        if model_strategy(self) is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        if _fully_built(self):
             return
-        return original(self, iterator=iterator, data_batch=data_batch)
+        try:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        except StopIteration:
+            # An empty input: no batch to build from. Plain Keras (no
+            # tf.distribute strategy) builds while tracing its step from the
+            # input's element spec, then runs no step and warns that the
+            # input ran out of data; build from that spec likewise.
+            try:
+                spec = iterator.data_adapter.get_tf_dataset().element_spec
+            except (AttributeError, NotImplementedError, ValueError, StopIteration):
+                return  # no spec either: build nothing, as plain Keras here
+            return original(self, data_batch=spec)
 
     return _maybe_symbolic_build

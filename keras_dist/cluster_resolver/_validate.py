@@ -4,6 +4,7 @@ engine's stack dump once the workers try to meet."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from keras_dist.cluster_resolver._resolvers import _worker_tasks
@@ -50,3 +51,28 @@ def check_cluster_to_join(resolver: Any) -> None:
                 "its own host:port."
             )
         seen[key] = f"{job}:{index}"
+
+
+def check_bindable(address: str, what: str) -> None:
+    """Raises ValueError naming the fix when this process cannot serve
+    `address` (`host:port`): the port is taken, or the host is not an
+    address of this machine. Backends call it for the addresses their
+    engine binds (TensorFlow: the task's own address; JAX: the coordinator,
+    on the chief)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, int(port)))
+    except OSError as error:
+        raise ValueError(
+            f"{what} {address!r} cannot be served by this process "
+            f"({error.strerror or error}): another process uses the port, or "
+            f"{host!r} is not an address of this machine. Give it a free port on "
+            "this machine (keras_dist.launch.free_ports picks free ones; "
+            "keras-dist launch does it for you)."
+        ) from None
+    finally:
+        probe.close()

@@ -2,11 +2,13 @@
 MultiWorkerMirroredStrategy and, on the same data, plain single-device Keras
 from the same initial weights; writes the comparison to OUT/worker<i>.json.
 
-argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks|tfdata]
+argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks|callbacks+tensorboard|tfdata]
 With "callbacks", fit also runs Keras' file-writing callbacks on the user's
-paths in OUT_DIR/files (and a ScalingReport) with a progress bar, and saves the model there. With
-"tfdata", every worker passes the same batched tf.data datasets instead of
-NumPy arrays (each worker reads its share: auto-shard by data).
+paths in OUT_DIR/files (and a ScalingReport) with a progress bar, and saves the model there;
+"callbacks+tensorboard" adds TensorBoard (it writes with tf.summary: needs
+tensorflow, also on JAX). With "tfdata", every worker passes the same
+batched tf.data datasets instead of NumPy arrays (each worker reads its
+share: auto-shard by data).
 """
 
 import json
@@ -62,7 +64,7 @@ reference = make()
 reference.set_weights(initial)
 compile_model(reference)
 
-with_callbacks = sys.argv[5:] == ["callbacks"]
+with_callbacks = sys.argv[5:] in (["callbacks"], ["callbacks+tensorboard"])
 if sys.argv[5:] == ["tfdata"]:
     import tensorflow as tf
 
@@ -84,9 +86,10 @@ if with_callbacks:
         keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.weights.h5"), save_weights_only=True),
         keras.callbacks.CSVLogger(os.path.join(files, "log.csv")),
         keras.callbacks.BackupAndRestore(os.path.join(files, "backup"), delete_checkpoint=False),
-        keras.callbacks.TensorBoard(os.path.join(files, "logs")),
-        keras_dist.callbacks.ScalingReport(plot_path=os.path.join(files, "scaling.png")),
     ]
+    if sys.argv[5:] == ["callbacks+tensorboard"]:
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(files, "logs")))
+    callbacks.append(keras_dist.callbacks.ScalingReport(plot_path=os.path.join(files, "scaling.png")))
 fit = model.fit(
     **inputs(x, y), epochs=2, shuffle=False, verbose=2 if with_callbacks else 0, callbacks=callbacks
 ).history

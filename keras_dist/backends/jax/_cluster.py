@@ -7,6 +7,12 @@ import os
 import jax
 import numpy as np
 
+from keras_dist._communication import exit_unless_joined, join_timeout_seconds
+from keras_dist.cluster_resolver._validate import check_bindable
+
+#: Seconds JAX's own join deadline leaves after keras_dist's watchdog.
+_JAX_JOIN_GRACE_SECONDS = 10
+
 #: Whether this process joined a job (JAX joins one per process).
 _multi_worker = {"initialized": False}
 
@@ -30,23 +36,35 @@ def initialize_multi_worker(resolver, options) -> None:
 
     _gloo.event_loop_choice()  # a bad setting fails before joining the job
     coordinator = os.environ.get("KERAS_DIST_COORDINATOR") or resolver.chief_address
+    if resolver.worker_index == 0:  # the chief serves JAX's coordinator
+        check_bindable(coordinator, "The JAX coordinator address")
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeout = options.timeout_seconds
-    kwargs = {}
+    join_timeout = join_timeout_seconds(options)
+    kwargs = {
+        # the watchdog below ends the wait first, with a clear message
+        # (JAX's own end is a fatal log with a stack dump)
+        "initialization_timeout": int(join_timeout) + _JAX_JOIN_GRACE_SECONDS,
+    }
     if timeout is not None:
-        kwargs = {
-            "initialization_timeout": max(1, int(timeout)),
-            # a dead peer is declared after this; survivors exit within
-            # `timeout` (JAX adds a few seconds of polling)
-            "heartbeat_timeout_seconds": max(1, int(timeout) // 2),
-        }
+        # a dead peer is declared after this; survivors exit within
+        # `timeout` (JAX adds a few seconds of polling)
+        kwargs["heartbeat_timeout_seconds"] = max(1, int(timeout) // 2)
     try:
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=resolver.num_workers,
-            process_id=resolver.worker_index,
-            **kwargs,
-        )
+        with exit_unless_joined(resolver, join_timeout, probe_addresses=False):
+            jax.distributed.initialize(
+                coordinator_address=coordinator,
+                num_processes=resolver.num_workers,
+                process_id=resolver.worker_index,
+                **kwargs,
+            )
+            from jax.experimental import multihost_utils
+
+            # The first collective starts gloo. (Every worker's variables
+            # take the chief's values as they are created:
+            # `values_from_chief`, called by the hook on Keras'
+            # `distribute_tensor`. No random state is touched.)
+            multihost_utils.sync_global_devices("keras_dist: joined")
     except RuntimeError as error:
         raise RuntimeError(
             f"Worker {resolver.worker_index} of {resolver.num_workers} could "
@@ -55,12 +73,6 @@ def initialize_multi_worker(resolver, options) -> None:
             "computation, and start every worker (keras-dist launch does)."
         ) from error
     _multi_worker["initialized"] = True
-    # The first collective starts gloo. (Every worker's variables take the
-    # chief's values as they are created: `values_from_chief`, called by
-    # the hook on Keras' `distribute_tensor`. No random state is touched.)
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("keras_dist: joined")
     if all(d.platform == "cpu" for d in jax.local_devices()):
         _gloo.yield_event_loop()  # that collective started gloo
 

@@ -395,6 +395,8 @@ def build_outside_replicas(build_fn):
         raise RuntimeError(
             "A Keras optimizer was built inside strategy.run on JAX, where "
             "the function is traced and cannot create variables. Build it "
-            "before the loop: optimizer.build(model.trainable_variables)."
+            "before the loop, optimizer.build(model.trainable_variables), and "
+            "apply gradients with optimizer.stateless_apply on state passed "
+            "as arguments (see the custom training loops guide)."
         )
     build_fn()

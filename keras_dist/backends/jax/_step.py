@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import jax
 
+from keras_dist import _heartbeat as heartbeat
 from keras_dist.backends.jax import _engine, _replica_step
 
 
@@ -108,6 +109,7 @@ class JaxStep:
         return self.placed_program, _engine.place_host_data(engine, data)
 
     def __call__(self, state, data):
+        heartbeat.beat()
         program, data = self.program_for(data)
         return program(state, data)
 

@@ -7,9 +7,14 @@ import itertools
 
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context as tf_context
 
 from keras_dist import _devices
+from keras_dist.cluster_resolver._validate import check_bindable
+from keras_dist._communication import did_not_join_error, exit_unless_joined, join_timeout_seconds
 from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
 
 
@@ -114,11 +119,20 @@ def initialize_multi_worker(resolver, options) -> None:
         task_id=resolver.task_id,
         rpc_layer="grpc",
     )
+    own = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
+    check_bindable(own, f"This task's address ({resolver.task_type}:{resolver.task_id})")
+    timeout = join_timeout_seconds(options)
+    _configure_coordination_service(jobs, timeout)
     try:
-        engine = _GlobalBatchMultiWorkerStrategy(
-            tf_resolver, _tf_communication_options(options)
-        )
-    except RuntimeError as error:
+        # A non-leader's wait ends with tf's DeadlineExceededError; the
+        # leader's does not end, so a watchdog ends it a little later.
+        with exit_unless_joined(resolver, timeout, probe_addresses=True, grace=_LEADER_GRACE_SECONDS):
+            engine = _GlobalBatchMultiWorkerStrategy(
+                tf_resolver, _tf_communication_options(options)
+            )
+    except (RuntimeError, tf.errors.OpError) as error:
+        if isinstance(error, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError)):
+            raise did_not_join_error(resolver, timeout, error) from error
         raise RuntimeError(
             f"Worker {resolver.worker_index} of {resolver.num_workers} could "
             f"not join the TensorFlow cluster {jobs}: {error}. Create "
@@ -127,6 +141,31 @@ def initialize_multi_worker(resolver, options) -> None:
         ) from error
     _multi_worker["engine"] = engine
     _multi_worker["cluster"] = cluster
+
+
+#: Seconds past the join timeout before the watchdog ends a waiting leader.
+_LEADER_GRACE_SECONDS = 5
+
+
+def _configure_coordination_service(jobs, timeout: float) -> None:
+    """tf's coordination service, as MultiWorkerMirroredStrategy would
+    configure it, but with the wait for every task to register bounded by
+    `timeout` (tf's own default is an hour: a peer that never starts looks
+    like a hang)."""
+    context = tf_context.context()
+    if context.coordination_service is not None:
+        return  # configured by the user: theirs to bound
+    spec = tf.train.ClusterSpec(jobs)
+    context.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        cluster_register_timeout_in_ms=max(1, int(timeout * 1000)),
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in spec.jobs
+        ],
+    )
 
 
 def is_peer_failure(error: BaseException) -> bool:

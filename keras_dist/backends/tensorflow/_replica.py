@@ -35,7 +35,9 @@ def _tensors(batch):
 
 def split_global_batch(engine, batch):
     data = _tensors(batch)
-    first = next(x for x in tf.nest.flatten(data) if x is not None)
+    first = next((x for x in tf.nest.flatten(data) if x is not None), None)
+    if first is None:  # no arrays (`()`, `{}`, `(None,)`): nothing to split
+        return data
     bounds = shard_bounds(int(first.shape[0]), engine.num_replicas_in_sync)
 
     def value_fn(context):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from keras_dist import _heartbeat as heartbeat
 from keras_dist import _moments, _shard
 from keras_dist.backends.tensorflow import _engine
 
@@ -134,6 +135,7 @@ class StepFunction:
         self.steps_per_execution = steps_per_execution
 
     def __call__(self, iterator):
+        heartbeat.beat()
         logs = None
         for _ in range(self.steps_per_execution):
             try:

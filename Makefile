@@ -104,11 +104,17 @@ $(KERAS_MIN_DIR)/.installed: $(STAMP)
 
 test-keras-min: test-keras-min-jax test-keras-min-tensorflow
 
-test-keras-min-%: install $(KERAS_MIN_DIR)/.installed
-	PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$* KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
-	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-$* \
+# (Two explicit targets: make skips pattern rules for .PHONY targets.)
+KERAS_MIN_TESTS = PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$(1) KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
+	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-$(1) \
 	    tests/test_keras_version.py tests/test_hooks.py tests/test_architecture.py \
 	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
+
+test-keras-min-jax: install $(KERAS_MIN_DIR)/.installed
+	$(call KERAS_MIN_TESTS,jax)
+
+test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
+	$(call KERAS_MIN_TESTS,tensorflow)
 
 bench: install
 	$(PY) benchmarks/run.py

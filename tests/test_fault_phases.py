@@ -13,7 +13,6 @@ that the survivor's own timeout is what ends it.
 Slow (about 20 jobs per backend): `make test-faults`, run by CI.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -22,8 +21,7 @@ import time
 import pytest
 
 from conftest import BACKEND
-from keras_dist.launch import free_ports
-from test_multi_worker import ROOT
+from test_multi_worker import ROOT, _run_job
 
 pytestmark = pytest.mark.faults
 
@@ -87,27 +85,7 @@ def test_stopped_worker_at_each_phase_ends_the_job(tmp_path, phase):
 @pytest.mark.parametrize("phase", list(DYING))
 def test_killed_worker_at_each_phase_ends_the_survivor(tmp_path, phase):
     dying = DYING[phase]
-    ports = free_ports(3)
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:2]]}
-    processes = []
-    try:
-        for index in range(2):
-            env = _env(
-                KERAS_DIST_COORDINATOR=f"127.0.0.1:{ports[2]}",
-                KERAS_DIST_WORKER_INDEX=str(index),
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-            )
-            processes.append(subprocess.Popen(
-                [sys.executable, WORKER, str(tmp_path), phase, "KILL", str(dying), str(TIMEOUT)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            ))
-        survivor = processes[1 - dying]
-        output = survivor.communicate(timeout=180)[0]
-        exited = time.time()
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=30)
-    assert processes[dying].returncode == -9
-    _check_survivor(output, exited, tmp_path, survivor.returncode, phase)
+    codes, outputs = _run_job(tmp_path, 2, [phase, "KILL", dying, TIMEOUT], timeout=180, worker=WORKER)
+    exited = time.time()
+    assert codes[dying] == -9
+    _check_survivor(outputs[1 - dying], exited, tmp_path, codes[1 - dying], phase)

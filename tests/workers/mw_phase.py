@@ -17,6 +17,7 @@ of its death to OUT/death_time just before the signal.
 argv: OUT_DIR PHASE SIGNAL(STOP|KILL) DYING_WORKER TIMEOUT_SECONDS
 """
 
+import json
 import os
 import signal
 import sys
@@ -25,7 +26,7 @@ import time
 out_dir, phase, how, dying, timeout = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
 PHASES = ("join", "compile", "step", "checkpoint", "predict")
 assert phase in PHASES, phase
-index = int(os.environ["KERAS_DIST_WORKER_INDEX"])
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 attempt = int(os.environ.get("KERAS_DIST_RESTART", "0"))
 doomed = index == dying and attempt == 0
 with open(os.path.join(out_dir, f"pid{index}"), "w") as handle:

@@ -38,11 +38,13 @@ _EXPORTS = {
     "ReduceOp": "keras_dist._reduce",
     "simulate_cpu_devices": "keras_dist._simulate",
     "ReplicaContext": "keras_dist._context",
+    "CentralStorageStrategy": "keras_dist._strategy",
     "MirroredStrategy": "keras_dist._strategy",
     "MultiWorkerMirroredStrategy": "keras_dist._strategy",
     "OneDeviceStrategy": "keras_dist._strategy",
     "Strategy": "keras_dist._strategy",
     "StrategyExtended": "keras_dist._strategy",
+    "TPUStrategy": "keras_dist._strategy",
     "experimental_set_strategy": "keras_dist._strategy",
     "get_replica_context": "keras_dist._strategy",
     "get_strategy": "keras_dist._strategy",
@@ -52,12 +54,12 @@ _EXPORTS = {
     "Mirrored": "keras_dist._values",
     "PerReplica": "keras_dist._values",
 }
-_SUBPACKAGES = ("callbacks", "cluster_resolver")
+_SUBPACKAGES = ("callbacks", "cluster_resolver", "experimental", "tpu")
 
 __all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from keras_dist import callbacks, cluster_resolver  # noqa: F401
+    from keras_dist import callbacks, cluster_resolver, experimental, tpu  # noqa: F401
     from keras_dist._communication import CommunicationImplementation, CommunicationOptions, PeerWorkerError  # noqa: F401
     from keras_dist._context import ReplicaContext  # noqa: F401
     from keras_dist._cross_device_ops import (  # noqa: F401
@@ -71,11 +73,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from keras_dist._reduce import ReduceOp  # noqa: F401
     from keras_dist._simulate import simulate_cpu_devices  # noqa: F401
     from keras_dist._strategy import (  # noqa: F401
+        CentralStorageStrategy,
         MirroredStrategy,
         MultiWorkerMirroredStrategy,
         OneDeviceStrategy,
         Strategy,
         StrategyExtended,
+        TPUStrategy,
         experimental_set_strategy,
         get_replica_context,
         get_strategy,

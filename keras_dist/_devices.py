@@ -19,6 +19,12 @@ _DEVICE_RE = re.compile(
 ACCELERATOR_TYPES = ("gpu", "tpu")
 
 
+#: The documented test hook: with this environment variable set to "1",
+#: TPUStrategy accepts this host's CPU devices where it finds no TPU, and
+#: runs the same machinery over them (the tests' way to exercise it).
+TPU_ON_CPU_ENV = "KERAS_DIST_TPU_ON_CPU"
+
+
 def canonical_device(name: str) -> str:
     """Returns the canonical ``"type:index"`` form of a device name.
 

@@ -54,6 +54,23 @@ class StrategyExtended:
         return self._devices
 
     @property
+    def central_parameter_device(self) -> Optional[str]:
+        """The one device that holds every variable (CentralStorage), or
+        None where each replica's device holds a copy (Mirrored)."""
+        return None
+
+    @property
+    def runs_steps_on_device(self) -> bool:
+        """Whether `fit`/`evaluate` run `steps_per_execution` batches in one
+        compiled on-device loop where the backend can (TPUStrategy)."""
+        return False
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver the strategy was made from, or None."""
+        return None
+
+    @property
     def should_checkpoint(self) -> bool:
         """Whether this process should write checkpoints (the chief)."""
         return True
@@ -346,6 +363,71 @@ class MirroredStrategy(Strategy):
             _note_one_replica(resolved[0])
 
 
+class _CentralStorageExtended(StrategyExtended):
+    def __init__(self, strategy, compute_devices, parameter_device):
+        super().__init__(strategy, compute_devices)
+        self._parameter_device = parameter_device
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return (self._parameter_device,)
+
+    @property
+    def central_parameter_device(self) -> Optional[str]:
+        return self._parameter_device
+
+
+class CentralStorageStrategy(Strategy):
+    """Variables live once, on a parameter device; compute is replicated.
+
+    As `tf.distribute.experimental.CentralStorageStrategy`: every variable
+    (weights, optimizer slots, metrics) exists once, on `parameter_device`;
+    each step reads the weights onto the compute devices, splits the global
+    batch across them, sums the gradients, and the optimizer applies them
+    once, on the parameter device. Training matches one device on the same
+    global batch, as with `MirroredStrategy`.
+
+    Args:
+        compute_devices: devices that run the replicas (``None``: all local
+            accelerators, or all local CPU devices where there are none).
+        parameter_device: where the variables live (``None``: the CPU when
+            there are several compute devices, else the one compute device).
+
+    ```python
+    strategy = keras_dist.experimental.CentralStorageStrategy(["cpu:0", "cpu:1"])
+    strategy.extended.parameter_devices   # ('cpu:0',)
+    ```
+    """
+
+    def __init__(
+        self,
+        compute_devices: Optional[Sequence[str]] = None,
+        parameter_device: Optional[str] = None,
+    ):
+        visible = get_adapter().visible_devices()
+        compute = _devices.resolve_devices(compute_devices, visible)
+        if parameter_device is None:
+            if len(compute) == 1:
+                parameter = compute[0]
+            else:
+                parameter = next((d for d in visible if d.startswith("cpu:")), compute[0])
+        elif isinstance(parameter_device, str):
+            parameter = _devices.resolve_devices([parameter_device], visible)[0]
+        else:
+            raise TypeError(
+                "CentralStorageStrategy(parameter_device=...) takes one device "
+                f"name such as 'cpu:0'; got {parameter_device!r}."
+            )
+        super().__init__(_CentralStorageExtended(self, compute, parameter))
+
+    def __repr__(self) -> str:
+        devices = ", ".join(self._extended.worker_devices)
+        return (
+            f"CentralStorageStrategy(compute_devices=[{devices}], "
+            f"parameter_device={self._extended.central_parameter_device})"
+        )
+
+
 _logger = logging.getLogger("keras_dist")
 _noted_one_replica = False
 
@@ -391,6 +473,10 @@ class _MultiWorkerExtended(StrategyExtended):
     @property
     def communication_options(self):
         return self._options
+
+    @property
+    def cluster_resolver(self):
+        return self._resolver
 
     @property
     def num_workers(self) -> int:
@@ -450,6 +536,95 @@ class MultiWorkerMirroredStrategy(Strategy):
     @property
     def cluster_resolver(self):
         return self._cluster_resolver
+
+
+TPU_ON_CPU_ENV = _devices.TPU_ON_CPU_ENV
+
+
+class _TPUExtended(_MultiWorkerExtended):
+    @property
+    def runs_steps_on_device(self) -> bool:
+        return True
+
+
+class TPUStrategy(Strategy):
+    """Synchronous data parallelism over TPU cores (`tf.distribute.TPUStrategy`).
+
+    Every variable is replicated on each TPU core and the global batch is
+    split across them, as in `MirroredStrategy`. `steps_per_execution` in
+    `compile` is the lever that matters on TPU: with it, `fit` and
+    `evaluate` run that many batches in one compiled on-device loop.
+
+    Where no TPU is visible it raises, naming `MirroredStrategy`; the test
+    hook ``KERAS_DIST_TPU_ON_CPU=1`` makes it run over the CPU devices.
+    Tested over simulated CPU devices only; not yet on real TPUs.
+
+    ```python
+    resolver = keras_dist.cluster_resolver.TPUClusterResolver()
+    keras_dist.tpu.experimental.initialize_tpu_system(resolver)
+    try:
+        strategy = keras_dist.TPUStrategy(resolver)
+    except RuntimeError:  # no TPU on this machine
+        strategy = keras_dist.MirroredStrategy()
+    ```
+    """
+
+    def __init__(self, tpu_cluster_resolver: Any = None, experimental_device_assignment: Any = None):
+        from keras_dist._communication import CommunicationOptions
+
+        if experimental_device_assignment is not None:
+            raise NotImplementedError(
+                "TPUStrategy(experimental_device_assignment=...) is not supported: "
+                "keras_dist places one replica on every TPU core of the job. Pass "
+                "experimental_device_assignment=None (for model parallelism on JAX, "
+                "use keras.distribution.ModelParallel)."
+            )
+        if tpu_cluster_resolver is None:
+            from keras_dist.cluster_resolver import TPUClusterResolver
+
+            tpu_cluster_resolver = TPUClusterResolver()
+        resolver = tpu_cluster_resolver
+        adapter = get_adapter()
+        adapter.initialize_tpu_system(resolver)  # before the devices are listed
+        local = _tpu_cores(adapter.visible_devices())
+        if resolver.num_workers > 1:
+            global_devices = _tpu_cores(adapter.global_devices())
+        else:
+            global_devices = local
+        self._cluster_resolver = resolver
+        super().__init__(
+            _TPUExtended(self, local, global_devices, resolver, CommunicationOptions())
+        )
+
+    @property
+    def cluster_resolver(self):
+        return self._cluster_resolver
+
+
+def _tpu_cores(devices: Sequence[str]) -> tuple[str, ...]:
+    """The TPU cores among `devices`; the CPU devices under the test hook;
+    else the error that says what was looked for and what to use."""
+    import os
+
+    tpus = tuple(d for d in devices if d.startswith("tpu:"))
+    if tpus:
+        _logger.warning(
+            "keras_dist's TPUStrategy found %d TPU core(s). It has been tested "
+            "over CPU devices only, not yet on real TPUs: compare a few steps "
+            "with MirroredStrategy and report what you see.",
+            len(tpus),
+        )
+        return tpus
+    if os.environ.get(TPU_ON_CPU_ENV) == "1":
+        return tuple(d for d in devices if d.startswith("cpu:"))
+    raise RuntimeError(
+        "TPUStrategy found no TPU: the backend lists "
+        f"{', '.join(devices) or 'no devices'} and no 'tpu:N' device. On a "
+        "Cloud TPU VM, install the backend's TPU build (jax[tpu], or "
+        "tensorflow with TPU support). Without a TPU, use "
+        "keras_dist.MirroredStrategy() (GPUs or CPU). To exercise the TPU "
+        f"code path on CPU devices (tests), set {TPU_ON_CPU_ENV}=1."
+    )
 
 
 class _DefaultStrategy(Strategy):

@@ -114,3 +114,26 @@ def assert_same_logs(expected: dict, actual: dict, atol=1e-6):
             expected[key],
             actual[key],
         )
+
+
+def assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size, epochs=1):
+    """The equivalence contract: `fit` the single-device `reference` and the
+    `distributed` copy on the same global batches, then compare weights
+    (1e-5), the last epoch's logs (1e-5), `evaluate` (1e-6) and `predict` (1e-5)."""
+    history_ref = reference.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
+    history = distributed.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0)
+    assert_same_weights(reference, distributed, atol=1e-5)
+    assert_same_logs(
+        {k: v[-1] for k, v in history_ref.history.items()},
+        {k: v[-1] for k, v in history.history.items()},
+        atol=1e-5,
+    )
+    assert_same_logs(
+        reference.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True),
+        distributed.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True),
+        atol=1e-6,
+    )
+    expected = reference.predict(x, batch_size=batch_size, verbose=0)
+    predicted = distributed.predict(x, batch_size=batch_size, verbose=0)
+    assert predicted.shape == expected.shape == (len(x), 1)
+    np.testing.assert_allclose(predicted, expected, atol=1e-5, rtol=0)

@@ -140,3 +140,23 @@ def test_architecture_page_names_real_modules():
     assert not missing, missing
     for method in required_methods():  # the adapter method set, listed in full
         assert f"`{method}`" in text, method
+
+
+def test_lazy_exports_and_type_checking_imports_agree():
+    """keras_dist/__init__.py names each public object twice (the lazy
+    `_EXPORTS` table and the TYPE_CHECKING imports for IDEs): same names,
+    same modules, and every one resolves."""
+    import keras_dist
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test))
+    imported = {}
+    for node in ast.walk(block):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                imported[alias.name] = node.module
+    subpackages = {name for name, module in imported.items() if module == "keras_dist"}
+    assert subpackages == set(keras_dist._SUBPACKAGES)
+    assert {k: v for k, v in imported.items() if k not in subpackages} == keras_dist._EXPORTS
+    for name in keras_dist.__all__:
+        assert getattr(keras_dist, name) is not None, name

@@ -68,6 +68,11 @@ class BackendAdapter(abc.ABC):
         """Joins the job described by `resolver` (once per process)."""
 
     @abc.abstractmethod
+    def initialize_tpu_system(self, resolver: Any) -> None:
+        """Readies the TPU system `resolver` describes (joins a multi-host
+        slice); nothing where the backend needs nothing (idempotent)."""
+
+    @abc.abstractmethod
     def is_multi_process(self) -> bool:
         """True once this process has joined a job of several workers."""
 

@@ -17,6 +17,7 @@ from keras_dist.cluster_resolver._resolvers import (
     TFConfigClusterResolver,
 )
 from keras_dist.cluster_resolver._slurm import SlurmClusterResolver
+from keras_dist.cluster_resolver._tpu import TPUClusterResolver
 
 __all__ = [
     "ClusterResolver",
@@ -24,4 +25,5 @@ __all__ = [
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
+    "TPUClusterResolver",
 ]

@@ -24,6 +24,7 @@ class JaxAdapter(BackendAdapter):
     owns_variable = staticmethod(_engine.owns_variable)
     # multi-process jobs
     initialize_multi_worker = staticmethod(_cluster.initialize_multi_worker)
+    initialize_tpu_system = staticmethod(_cluster.initialize_tpu_system)
     is_multi_process = staticmethod(_cluster.is_multi_process)
     is_peer_failure = staticmethod(_cluster.is_peer_failure)
     values_from_chief = staticmethod(_cluster.values_from_chief)

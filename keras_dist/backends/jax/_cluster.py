@@ -116,3 +116,22 @@ def values_from_chief(values):
     for i, value in zip(local, chiefs):
         values[i] = np.asarray(value)
     return values
+
+
+def initialize_tpu_system(resolver) -> None:
+    """A multi-host TPU slice: joins it with `jax.distributed.initialize()`,
+    which detects the slice's hosts itself (once; before any computation).
+    One host needs nothing: JAX finds its TPU cores on first use."""
+    from keras_dist._devices import TPU_ON_CPU_ENV
+
+    if resolver is None or resolver.num_workers <= 1 or _multi_worker["initialized"]:
+        return
+    if os.environ.get(TPU_ON_CPU_ENV) == "1":
+        raise RuntimeError(
+            f"{TPU_ON_CPU_ENV}=1 runs TPUStrategy on this host's CPU devices, one "
+            "host only: a multi-host TPU slice needs real TPUs (JAX detects the "
+            "slice's hosts from the TPU runtime). For several CPU processes use "
+            "keras_dist.MultiWorkerMirroredStrategy."
+        )
+    jax.distributed.initialize()  # TPU auto-detection (not run here: no TPU)
+    _multi_worker["initialized"] = True

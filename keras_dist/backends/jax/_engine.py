@@ -28,6 +28,12 @@ class JaxEngine:
     distribution: Any  # keras.distribution.DataParallel
     #: XLA options for every program compiled for this engine (None: XLA's).
     compiler_options: Any = None
+    #: CentralStorageStrategy: where every variable lives (a one-device
+    #: `NamedSharding`); None where variables are replicated on the mesh.
+    parameter_sharding: Any = None
+    #: TPUStrategy: `steps_per_execution` batches run in one compiled
+    #: on-device loop (`_step.OnDeviceLoop`).
+    steps_on_device: bool = False
 
     @property
     def num_replicas(self) -> int:
@@ -124,12 +130,33 @@ def create_engine(extended) -> JaxEngine:
         device_mesh=device_mesh, auto_shard_dataset=False
     )
     mesh = device_mesh.backend_mesh
+    parameter_sharding = None
+    if extended.central_parameter_device is not None:
+        parameter = by_name[extended.central_parameter_device]
+        parameter_sharding = NamedSharding(Mesh(np.array([parameter]), ("parameters",)), PartitionSpec())
+        distribution = _CentralStorageDistribution(parameter_sharding, device_mesh=device_mesh, auto_shard_dataset=False)
     return JaxEngine(
         devices=devices,
         mesh=mesh,
         distribution=distribution,
         compiler_options=compiler_options_for(extended.cross_device_ops),
+        parameter_sharding=parameter_sharding,
+        steps_on_device=extended.runs_steps_on_device,
     )
+
+
+class _CentralStorageDistribution(keras.distribution.DataParallel):
+    """Keras' data parallelism over the compute devices, with every variable
+    created on the parameter device (one copy) instead of replicated."""
+
+    def __init__(self, parameter_sharding, **kwargs):
+        super().__init__(**kwargs)
+        self._parameter_sharding = parameter_sharding
+
+    def get_variable_layout(self, variable):
+        if getattr(variable, "_layout", None) is not None:
+            return variable._layout
+        return self._parameter_sharding
 
 
 def scope(engine: JaxEngine):
@@ -144,6 +171,8 @@ def owns_variable(engine: JaxEngine, variable) -> bool:
     sharding = getattr(value, "sharding", None)
     if sharding is None:
         return False
+    if engine.parameter_sharding is not None:
+        return sharding.device_set == engine.parameter_sharding.device_set
     return sharding.device_set == set(engine.devices) and (
         sharding.is_fully_replicated
     )

@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 import jax
 
 from keras_dist import _heartbeat as heartbeat
-from keras_dist.backends.jax import _engine, _replica_step
+from keras_dist.backends.jax import _cluster, _engine, _replica_step
+from keras_dist.backends.jax._state import restore_after_failure
 
 
 def trains_exactly_per_replica(model) -> bool:
@@ -78,6 +79,7 @@ class JaxStep:
         if kind not in ("train", "test", "predict"):
             raise ValueError(f"kind must be 'train', 'test' or 'predict', got {kind!r}.")
         self.engine = engine
+        self.model, self.kind = model, kind
         state_shardings = _state_shardings(model, engine, kind)
 
         def compile_step(function, data_sharding):
@@ -111,7 +113,99 @@ class JaxStep:
     def __call__(self, state, data):
         heartbeat.beat()
         program, data = self.program_for(data)
-        return program(state, data)
+        try:
+            return program(state, data)
+        except Exception:
+            restore_after_failure(self.model, self.kind, state)
+            raise
+
+
+def _stack_batches(batches):
+    """`batches` stacked leaf by leaf on a new leading axis, or None unless
+    they are host arrays of one structure and shape (the usual case; the
+    last, partial batch of an epoch is not)."""
+    import numpy as np
+
+    structures = {jax.tree_util.tree_structure(b) for b in batches}
+    if len(structures) != 1:
+        return None
+    columns = list(zip(*(jax.tree_util.tree_leaves(b) for b in batches)))
+    if not columns or any(
+        type(leaf) is not np.ndarray or leaf.ndim == 0 or leaf.shape != column[0].shape
+        for column in columns
+        for leaf in column
+    ):
+        return None
+    stacked = [np.stack(column) for column in columns]
+    return jax.tree_util.tree_unflatten(structures.pop(), stacked)
+
+
+class OnDeviceLoop:
+    """Keras' ``{train,test}_function(state, iterator)`` that runs
+    `steps_per_execution` batches in ONE compiled program (a `lax.scan` of
+    the same step `JaxStep` runs), so the host dispatches once per
+    execution: TPUStrategy's lever. Batches that cannot be stacked (the
+    partial last batch, mixed shapes) run one by one through `JaxStep`."""
+
+    def __init__(self, model, engine: Any, kind: str, steps: int):
+        self.engine = engine
+        self.steps = steps
+        self.single = JaxStep(model, engine, kind)
+        step = _global_step(model, engine, kind)
+        state_shardings = _state_shardings(model, engine, kind)
+
+        def loop(state, stacked):
+            def body(state, data):
+                logs, state = step(state, data)
+                return state, logs
+
+            state, logs = jax.lax.scan(body, state, stacked)
+            return jax.tree_util.tree_map(lambda x: x[-1], logs), state
+
+        self.loop_program = jax.jit(
+            loop,
+            donate_argnums=0,
+            in_shardings=(state_shardings, None),
+            out_shardings=(None, state_shardings),
+            compiler_options=engine.compiler_options,
+        )
+        #: How many executions ran on device / one batch at a time (tests read it).
+        self.executions = {"on_device": 0, "one_by_one": 0}
+
+    def __call__(self, state, iterator):
+        heartbeat.beat()
+        batches = [next(iterator)]  # StopIteration here ends the epoch, as in Keras
+        for _ in range(self.steps - 1):
+            try:
+                batches.append(next(iterator))
+            except StopIteration:
+                break
+        stacked = _stack_batches(batches) if len(batches) > 1 else None
+        if stacked is not None and _engine.divides_evenly(self.engine, batches[0]):
+            self.executions["on_device"] += 1
+            return self.loop_program(state, _place_stacked(self.engine, stacked))
+        self.executions["one_by_one"] += 1
+        logs = None
+        for data in batches:
+            logs, state = self.single(state, data)
+        return logs, state
+
+
+def _place_stacked(engine, stacked):
+    """Stacked batches on the mesh: axis 0 the step, axis 1 split by rows."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def place(x):
+        if engine.num_replicas == 1:
+            sharding = _engine.batch_sharding(engine, 1)
+        else:
+            spec = PartitionSpec(None, _engine.BATCH_AXIS, *([None] * (x.ndim - 2)))
+            sharding = NamedSharding(engine.mesh, spec)
+        if _cluster.is_multi_process():  # every worker holds the same batches
+            return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+        return jax.device_put(x, sharding)
+
+    return jax.tree_util.tree_map(place, stacked)
 
 
 def make_trainer_function(model, strategy, kind: str) -> Optional[Callable]:
@@ -120,4 +214,12 @@ def make_trainer_function(model, strategy, kind: str) -> Optional[Callable]:
     if model.run_eagerly or not model.jit_compile:
         return None
     engine = strategy.extended.engine
-    return model._make_function(JaxStep(model, engine, kind), concatenate_outputs=kind == "predict")
+    if engine.steps_on_device and kind != "predict" and model.steps_per_execution > 1:
+        return OnDeviceLoop(model, engine, kind, model.steps_per_execution)
+    if engine.parameter_sharding is not None:
+        from keras_dist.backends.jax._central_step import CentralStorageStep
+
+        step = CentralStorageStep(model, engine, kind)
+    else:
+        step = JaxStep(model, engine, kind)
+    return model._make_function(step, concatenate_outputs=kind == "predict")

@@ -24,6 +24,7 @@ class TensorFlowAdapter(BackendAdapter):
     owns_variable = staticmethod(_engine.owns_variable)
     # multi-process jobs
     initialize_multi_worker = staticmethod(_engine.initialize_multi_worker)
+    initialize_tpu_system = staticmethod(_engine.initialize_tpu_system)
     is_multi_process = staticmethod(_engine.is_multi_process)
     is_peer_failure = staticmethod(_engine.is_peer_failure)
     values_from_chief = staticmethod(_engine.values_from_chief)

@@ -4,12 +4,15 @@ one process-wide MultiWorkerMirroredStrategy per job, and device lists."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import distribute_lib
+from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.distribute import parameter_server_strategy
 from tensorflow.python.eager import context as tf_context
 
 from keras_dist import _devices
@@ -168,6 +171,47 @@ def _configure_coordination_service(jobs, timeout: float) -> None:
     )
 
 
+def _has_tpu_runtime() -> bool:
+    """A TPU this process could use (without asking the network)."""
+    return bool(tf.config.list_physical_devices("TPU")) or bool(os.environ.get("TPU_NAME"))
+
+
+def _tf_tpu_resolver(resolver):
+    """tf's TPUClusterResolver for a keras_dist one (this TPU VM's slice)."""
+    tpu = getattr(resolver, "tpu", None)
+    return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
+
+
+_tpu_system = {"initialized": False}
+
+
+def initialize_tpu_system(resolver) -> None:
+    """tf's `initialize_tpu_system` where a TPU runtime is present (once);
+    nothing on a machine without one (the CPU test hook)."""
+    if _tpu_system["initialized"] or not _has_tpu_runtime():
+        if resolver is not None and resolver.num_workers > 1 and not _has_tpu_runtime():
+            raise RuntimeError(
+                "A multi-host TPU slice needs real TPUs; this machine has no TPU "
+                "runtime. For several CPU processes use "
+                "keras_dist.MultiWorkerMirroredStrategy."
+            )
+        return
+    # Not run by keras_dist's tests (no TPU here): tf's documented sequence.
+    tf_resolver = _tf_tpu_resolver(resolver)
+    tf.config.experimental_connect_to_cluster(tf_resolver)
+    tf.tpu.experimental.initialize_tpu_system(tf_resolver)
+    _tpu_system["initialized"] = True
+    _tpu_system["resolver"] = tf_resolver
+
+
+class _GlobalBatchTPUStrategy(tf.distribute.TPUStrategy):
+    """tf.distribute.TPUStrategy whose Keras input stays global, as
+    `_GlobalBatchMirroredStrategy` (used only on a real TPU: untested)."""
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
 def is_peer_failure(error: BaseException) -> bool:
     """Whether `error` is a collective that failed for want of a peer."""
     peer_errors = (
@@ -197,6 +241,76 @@ class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):
     tf.data's own rebatching cannot do that exactly: with an unknown batch
     size (generators, PyDataset) it hands whole batches to replicas.
     """
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
+class _CentralStorageExtended(parameter_server_strategy.ParameterServerStrategyExtended):
+    """tf's CentralStorage extended, with what Keras 3 needs of it.
+
+    - Metric accumulators (``synchronization="on_read"``) get one partial
+      value per compute device, aggregated when read (tf's SyncOnRead
+      variables, as under MirroredStrategy). tf keeps them once and sums
+      each replica's *write* in a merge_call, which is right for
+      ``assign_add`` but not for Keras 3 metrics that write
+      ``assign(var + x)`` (AUC: n * old + sum of the parts).
+    - Non-trainable variables with no aggregation (BatchNormalization's
+      moving statistics, seed states) take replica 0's write: keras_dist
+      makes every replica compute the same value (global moments), and tf
+      refuses an un-aggregated write in replica context.
+    Everything else is tf's: one variable on the parameter device, and
+    the optimizer applies the summed gradient there once.
+    """
+
+    def _create_variable(self, next_creator, **kwargs):
+        synchronization = kwargs.get("synchronization")
+        if synchronization == tf.VariableSynchronization.ON_READ and "colocate_with" not in kwargs:
+            return self._create_per_device_variable(next_creator, **kwargs)
+        if (
+            kwargs.get("aggregation", tf.VariableAggregation.NONE) == tf.VariableAggregation.NONE
+            and not kwargs.get("trainable", True)
+        ):
+            kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        return super()._create_variable(next_creator, **kwargs)
+
+    def _create_per_device_variable(self, next_creator, **kwargs):
+        devices = self._compute_devices
+
+        def creator(**kwargs):
+            created = []
+            for index, device in enumerate(devices):
+                with tf.device(device):
+                    if index:
+                        first = created[0]
+                        kwargs["initial_value"] = lambda: tf.identity(first.value())
+                        kwargs["name"] = "%s/replica_%d/" % (first.name.split(":")[0], index)
+                    with tf_context.device_policy(tf_context.DEVICE_PLACEMENT_SILENT):
+                        created.append(next_creator(**kwargs))
+            return created
+
+        return distribute_utils.create_mirrored_variable(
+            self._container_strategy(),
+            creator,
+            distribute_utils.VARIABLE_CLASS_MAPPING,
+            distribute_utils.VARIABLE_POLICY_MAPPING,
+            **kwargs,
+        )
+
+
+class _GlobalBatchCentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):
+    """tf.distribute's CentralStorageStrategy whose Keras input stays global
+    (as `_GlobalBatchMirroredStrategy`): variables live once, on the
+    parameter device; each replica takes its rows of the global batch."""
+
+    def __init__(self, compute_devices, parameter_device):
+        # tf's constructor hard-codes its extended class; build ours instead.
+        distribute_lib.Strategy.__init__(
+            self,
+            _CentralStorageExtended(
+                self, compute_devices=compute_devices, parameter_device=parameter_device
+            ),
+        )
 
     def experimental_distribute_dataset(self, dataset, options=None):
         return dataset
@@ -292,7 +406,15 @@ def create_engine(extended):
     """The tf.distribute strategy for a keras_dist `StrategyExtended`."""
     if len(extended.engine_devices) != len(extended.worker_devices):
         return _multi_worker["engine"]
+    if any(d.startswith("tpu:") for d in extended.worker_devices):
+        initialize_tpu_system(extended.cluster_resolver)
+        return _GlobalBatchTPUStrategy(_tpu_system["resolver"])
     devices = [_tf_device(d) for d in extended.worker_devices]
+    if extended.central_parameter_device is not None:
+        return _GlobalBatchCentralStorageStrategy(
+            compute_devices=devices,
+            parameter_device=_tf_device(extended.central_parameter_device),
+        )
     cross_device_ops = _tf_cross_device_ops(extended.cross_device_ops)
     # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
     # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's

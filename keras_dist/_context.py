@@ -67,6 +67,30 @@ class ReplicaContext:
         replica's `local_rows` (a keras_dist addition)."""
         return self._ops.global_rows(local_rows)
 
+    def merge_call(self, merge_fn, args=(), kwargs=None):
+        """Runs `merge_fn(strategy, *args, **kwargs)` once, in cross-replica
+        context, with every replica's `args` gathered into per-replica
+        values; returns its result to each replica (tf.distribute's
+        `merge_call`: the place for `strategy.extended.update` and
+        `strategy.reduce` from inside `run`).
+
+        ```python
+        def replica_fn(x):
+            def merge_fn(strategy, value):
+                return strategy.reduce("SUM", value, axis=None)
+            return keras_dist.get_replica_context().merge_call(merge_fn, args=(x,))
+        ```
+        """
+        return self._ops.merge_call(self._strategy, merge_fn, tuple(args), dict(kwargs or {}))
+
+    @property
+    def devices(self) -> tuple:
+        """The devices this replica runs on (tf.distribute's
+        `ReplicaContext.devices`). On JAX, where one program serves every
+        replica, this raises: use `replica_id_in_sync_group` and
+        `strategy.extended.worker_devices`."""
+        return self._ops.devices(self._strategy)
+
     @property
     def strategy(self):
         return self._strategy
@@ -156,6 +180,17 @@ def outside_strategies() -> Iterator[None]:
 def replica_context() -> Optional[ReplicaContext]:
     """The replica context set by `Strategy.run` on this thread, or None."""
     return getattr(_local, "replica_context", None)
+
+
+@contextlib.contextmanager
+def cross_replica() -> Iterator[None]:
+    """Cross-replica context while inside (`ReplicaContext.merge_call`)."""
+    previous = getattr(_local, "replica_context", None)
+    _local.replica_context = None
+    try:
+        yield
+    finally:
+        _local.replica_context = previous
 
 
 @contextlib.contextmanager

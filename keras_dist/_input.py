@@ -21,6 +21,33 @@ class InputOptions:
     experimental_per_replica_buffer_size: int = 1
 
 
+class ValueContext:
+    """Which replica `experimental_distribute_values_from_function` is
+    building a value for.
+
+    >>> ValueContext(replica_id_in_sync_group=1, num_replicas_in_sync=4).replica_id_in_sync_group
+    1
+    """
+
+    def __init__(self, replica_id_in_sync_group: int = 0, num_replicas_in_sync: int = 1):
+        self._replica_id_in_sync_group = replica_id_in_sync_group
+        self._num_replicas_in_sync = num_replicas_in_sync
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        return self._replica_id_in_sync_group
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._num_replicas_in_sync
+
+    def __repr__(self) -> str:
+        return (
+            f"ValueContext(replica_id_in_sync_group={self._replica_id_in_sync_group}, "
+            f"num_replicas_in_sync={self._num_replicas_in_sync})"
+        )
+
+
 class InputContext:
     """What a `dataset_fn` needs to build its part of the input.
 

@@ -31,6 +31,16 @@ class ReplicaOps(abc.ABC):
     def global_rows(self, local_rows: Any) -> Any:
         """The real row count of the global batch, from this replica's."""
 
+    @abc.abstractmethod
+    def merge_call(self, strategy: Any, merge_fn: Any, args: tuple, kwargs: dict) -> Any:
+        """`merge_fn(strategy, *args, **kwargs)` once, in cross-replica
+        context, with the replicas' `args` as per-replica values; its result
+        given back to every replica (a per-replica result: each its own)."""
+
+    @abc.abstractmethod
+    def devices(self, strategy: Any) -> tuple:
+        """The devices this replica runs on."""
+
 
 class LocalReplicaOps(ReplicaOps):
     """The collectives of a group of one replica: identities."""
@@ -46,3 +56,11 @@ class LocalReplicaOps(ReplicaOps):
 
     def global_rows(self, local_rows):
         return local_rows
+
+    def merge_call(self, strategy, merge_fn, args, kwargs):
+        return merge_fn(strategy, *args, **kwargs)
+
+    def devices(self, strategy):
+        from keras_dist.backends import get_adapter
+
+        return tuple(get_adapter().visible_devices()[:1])

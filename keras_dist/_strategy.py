@@ -10,7 +10,9 @@ Adding a strategy: a subclass here (and, if it needs facts of its own, of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from keras_dist import _context, _cross_device_ops, _devices
@@ -83,6 +85,101 @@ class StrategyExtended:
     def variable_created_in_scope(self, variable) -> bool:
         """True when `variable` is placed by this strategy."""
         return get_adapter().owns_variable(self.engine, variable)
+
+    # -- tf.distribute.StrategyExtended's cross-replica methods --------------
+    def reduce_to(self, reduce_op, value, destinations, options: Any = None):
+        """Combines per-replica `value` across replicas for `destinations`
+        (a device of this strategy, a variable or a distributed value). The
+        result is available on every replica's device, which includes any
+        destination (tf places it on the destinations only)."""
+        self._check_destinations("reduce_to", destinations)
+        if options is not None:
+            raise NotImplementedError(
+                "strategy.extended.reduce_to(options=...): keras_dist takes "
+                "communication options on the strategy (communication_options=); "
+                "pass options=None."
+            )
+        return self._strategy.reduce(reduce_op, value, axis=None)
+
+    def batch_reduce_to(self, reduce_op, value_destination_pairs, options: Any = None):
+        """`reduce_to` of every (value, destinations) pair, in order."""
+        return [self.reduce_to(reduce_op, value, destinations, options) for value, destinations in value_destination_pairs]
+
+    def update(self, var, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, group: bool = True):
+        """Runs `fn(var, *args, **kwargs)` to update `var` in cross-replica
+        context (inside `merge_call`, or outside `run`); with `group=False`
+        the result comes back as per-replica components.
+
+        ```python
+        strategy = keras_dist.MirroredStrategy(["cpu:0", "cpu:1"])
+        with strategy.scope():
+            v = keras.Variable(1.0)
+        strategy.extended.update(v, lambda var, x: var.assign_add(x), args=(2.0,))
+        ```
+        """
+        if not isinstance(group, bool):
+            raise TypeError(f"strategy.extended.update: group must be True or False, got {group!r}.")
+        if _context.replica_context() is not None:
+            raise RuntimeError(
+                "strategy.extended.update is called in cross-replica context; "
+                "inside strategy.run, call it from "
+                "keras_dist.get_replica_context().merge_call(merge_fn)."
+            )
+        with self._strategy.scope():
+            result = fn(var, *tuple(args), **dict(kwargs or {}))
+        return result if group else self._strategy.experimental_local_results(result)
+
+    def value_container(self, value):
+        """The container of `value`: a Keras variable is its own container
+        on both backends (there are no per-device component variables to
+        map back), and any other value is returned as it is."""
+        return value
+
+    def colocate_vars_with(self, colocate_with_variable):
+        """Variables created inside are placed with `colocate_with_variable`.
+
+        Every keras_dist strategy places a variable by kind alone (a copy on
+        each replica's device, or all on the parameter device), so any two
+        of its variables are already colocated: this checks the variable
+        belongs to the strategy and changes nothing else.
+        """
+        if not self.variable_created_in_scope(colocate_with_variable):
+            raise ValueError(
+                f"colocate_vars_with({colocate_with_variable!r}): the variable was not "
+                f"created under {self._strategy!r}; pass one of its variables."
+            )
+        return contextlib.nullcontext()
+
+    def broadcast_to(self, tensor, destinations):
+        """`tensor`, the same on every replica (a mirrored value)."""
+        self._check_destinations("broadcast_to", destinations)
+        return self._strategy.run(lambda value: value, args=(tensor,))
+
+    @property
+    def experimental_enable_get_next_as_optional(self) -> bool:
+        """True: distributed iterators end cleanly on a partial or uneven
+        last batch (every replica gets its rows, some none)."""
+        return True
+
+    @property
+    def experimental_require_static_shapes(self) -> bool:
+        """Whether the strategy needs static shapes (TPUStrategy, as in tf)."""
+        return self.runs_steps_on_device
+
+    def _check_destinations(self, method: str, destinations) -> None:
+        if isinstance(destinations, str):
+            try:
+                device = _devices.canonical_device(destinations)
+            except ValueError:
+                device = destinations
+            if device not in set(self._engine_devices) | set(self._devices):
+                raise ValueError(
+                    f"strategy.extended.{method}: destination {destinations!r} is not a "
+                    f"device of {self._strategy!r} (its devices: {list(self._devices)})."
+                )
+            return
+        if destinations is None:
+            raise ValueError(f"strategy.extended.{method}: destinations is required (a device, variable or value).")
 
     # -- what the backend adapter reads -------------------------------------
     @property
@@ -179,12 +276,15 @@ class Strategy:
         ```
 
         On JAX `fn` is compiled once per function object and argument
-        shapes: pass weights as arguments (values captured from Keras
-        variables inside `fn` are frozen at the first call).
+        shapes; Keras variables it reads are read afresh at every call, and
+        variables it writes (`assign`, `assign_add`, a metric's
+        `update_state`) follow tf.distribute's replica-context rules (see
+        guides/porting_from_tf_distribute.md). `options` is a
+        `keras_dist.RunOptions`; a field keras_dist cannot honour raises.
         """
         if not callable(fn):
             raise TypeError(f"strategy.run needs a callable, got {fn!r}.")
-        _refuse_options("run", options, "RunOptions")
+        _check_run_options(options)
         if not isinstance(args, (tuple, list)):
             raise TypeError(
                 "strategy.run(fn, args=...) takes a tuple of arguments, got "
@@ -264,9 +364,82 @@ class Strategy:
             lambda batches: adapter.combine_replica_batches(engine, batches),
         )
 
+    def experimental_distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
+        """Deprecated alias of `distribute_datasets_from_function` (as in tf)."""
+        warnings.warn(
+            "experimental_distribute_datasets_from_function is deprecated; use "
+            "strategy.distribute_datasets_from_function.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.distribute_datasets_from_function(dataset_fn, options)
+
+    def experimental_distribute_values_from_function(self, value_fn: Callable):
+        """A per-replica value whose component on each replica is
+        `value_fn(keras_dist.experimental.ValueContext)` for that replica.
+
+        ```python
+        strategy = keras_dist.MirroredStrategy(["cpu:0", "cpu:1"])
+        values = strategy.experimental_distribute_values_from_function(
+            lambda context: np.float32(context.replica_id_in_sync_group))
+        total = strategy.reduce("SUM", strategy.run(lambda v: v * 2, args=(values,)), axis=None)
+        ```
+        """
+        from keras_dist._input import ValueContext
+
+        if not callable(value_fn):
+            raise TypeError(f"experimental_distribute_values_from_function needs a callable, got {value_fn!r}.")
+        if self._extended.num_workers > 1:
+            raise NotImplementedError(
+                "experimental_distribute_values_from_function with several "
+                "workers is not supported yet; build the values with "
+                "strategy.experimental_distribute_dataset from a global batch "
+                "every worker holds."
+            )
+        num = self.num_replicas_in_sync
+        values = [value_fn(ValueContext(replica, num)) for replica in range(num)]
+        return get_adapter().distribute_values(self._extended.engine, values)
+
     def __repr__(self) -> str:
         devices = ", ".join(self._extended.worker_devices)
         return f"{type(self).__name__}(devices=[{devices}])"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Options of `Strategy.run` (tf.distribute.RunOptions' fields).
+
+    All three are about TPUs in tf. `experimental_enable_dynamic_batch_size`
+    is honoured either way (keras_dist compiles a program per input shape,
+    so any batch size runs); the other two, which ask for TPU-specific
+    compilation, raise unless left at their defaults.
+
+    >>> keras_dist.RunOptions().experimental_enable_dynamic_batch_size
+    True
+    """
+
+    experimental_enable_dynamic_batch_size: bool = True
+    experimental_bucketizing_dynamic_shape: bool = False
+    experimental_xla_options: Any = None
+
+
+def _check_run_options(options: Any) -> None:
+    if options is None:
+        return
+    if not isinstance(options, RunOptions):
+        raise TypeError(f"strategy.run(options=...) takes a keras_dist.RunOptions, got {options!r}.")
+    if options.experimental_bucketizing_dynamic_shape:
+        raise NotImplementedError(
+            "RunOptions(experimental_bucketizing_dynamic_shape=True) pads "
+            "shapes into buckets for TPU compilation, which keras_dist does "
+            "not do; leave it False (keras_dist compiles a program per shape)."
+        )
+    if options.experimental_xla_options is not None:
+        raise NotImplementedError(
+            "RunOptions(experimental_xla_options=...) is not carried out by "
+            "keras_dist; leave it None (on JAX, XLA options come from the "
+            "strategy's engine)."
+        )
 
 
 def _check_axis(method: str, axis: Any, components: tuple) -> None:

@@ -93,10 +93,11 @@ def _custom_loop(strategy, model, optimizer, dataset):
     for inputs in distributed:
         state, per_replica_losses = strategy.run(train_step, args=(state, inputs))
         losses.append(float(strategy.reduce("SUM", per_replica_losses, axis=None)))
-    for variable, value in zip(model.trainable_variables, state[0]):
-        variable.assign(value)
-    for variable, value in zip(optimizer.variables, state[2]):
-        variable.assign(value)
+    for leaf in jax.tree_util.tree_leaves(state[1]):  # BatchNorm statistics: one value, not per-replica
+        assert not isinstance(leaf, keras_dist.PerReplica), leaf
+    for variables, values in zip((model.trainable_variables, model.non_trainable_variables, optimizer.variables), state):
+        for variable, value in zip(variables, values):
+            variable.assign(value)
     return losses
 
 
@@ -132,6 +133,48 @@ def _check_custom_loop(mirrored, case, num_replicas, make_input):
 
     np.testing.assert_allclose(losses, expected, atol=1e-6, rtol=1e-6)
     for a, b in zip(reference.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def _batch_norm_model(seed=1):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(16, use_bias=False),  # no bias before BatchNorm: its gradient is 0
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+@pytest.mark.parametrize("synchronized", [False, True])
+def test_custom_loop_with_batch_norm_matches_single_device(mirrored, synchronized):
+    """BatchNormalization inside run normalises with the global batch's
+    moments (uneven shards of 10 rows over 4 replicas included), its
+    moving statistics come back as one value, and the weights match one
+    device (`synchronized=True`, Keras' request for exactly this, too)."""
+    x, y = make_data(63)
+    dataset = _numpy_batches((x, y), 10)
+
+    def build():
+        model = _batch_norm_model()
+        model.layers[1].synchronized = synchronized
+        return model
+
+    reference = build()
+    expected = _custom_loop(keras_dist.get_strategy(), reference, keras.optimizers.SGD(0.1), dataset)
+    strategy = mirrored(4)
+    with strategy.scope():
+        model = build()
+        model.set_weights(reference.get_weights() and _batch_norm_model().get_weights())
+        optimizer = keras.optimizers.SGD(0.1)
+    losses = _custom_loop(strategy, model, optimizer, dataset)
+
+    np.testing.assert_allclose(losses, expected, atol=1e-6, rtol=1e-6)
+    assert len(reference.non_trainable_variables) == 2
+    for a, b in zip(reference.get_weights(), model.get_weights()):  # moving mean/variance included
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
@@ -381,7 +424,7 @@ def test_options_are_refused_not_ignored(mirrored):
     assert list(strategy.experimental_distribute_dataset([x], options=keras_dist.InputOptions()))
     with pytest.raises(NotImplementedError, match="non-default input options.*options=None"):
         strategy.experimental_distribute_dataset([x], keras_dist.InputOptions(experimental_fetch_to_device=False))
-    with pytest.raises(NotImplementedError, match="takes no RunOptions.*options=None"):
+    with pytest.raises(TypeError, match="takes a keras_dist.RunOptions"):
         strategy.run(lambda: 1.0, options=object())
     with pytest.raises(NotImplementedError, match="InputOptions"):
         strategy.distribute_datasets_from_function(lambda context: [x], options="fetch")

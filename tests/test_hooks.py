@@ -291,6 +291,39 @@ def _probe_values_from_chief(mirrored, tmp_path, monkeypatch):
     return model.get_weights()
 
 
+def _assign_delta_probe(name):
+    def probe(mirrored, tmp_path):
+        """A "sum" variable at 10 incremented by 1 on each of 2 replicas
+        inside run: tf.distribute gives 12 (Keras' own assign(v + 1) 22)."""
+        strategy = mirrored(2)
+        with strategy.scope():
+            counter = keras.Variable(10.0, aggregation="sum")
+        strategy.run(lambda: getattr(counter, name)(1.0))
+        return float(counter.numpy())
+
+    return probe
+
+
+def _probe_metrics_in_run(mirrored, tmp_path):
+    """Accuracy and AUC updated inside run on 10 rows over 4 replicas
+    (JAX pads two shards): the padding rows must not count."""
+    rng = np.random.default_rng(0)
+    y_true = (rng.random((10, 1)) > 0.5).astype("float32")
+    y_pred = rng.random((10, 1)).astype("float32")
+    strategy = mirrored(4)
+    with strategy.scope():
+        metrics = [keras.metrics.BinaryAccuracy(), keras.metrics.AUC(num_thresholds=20)]
+
+    def update(batch):
+        for metric in metrics:
+            metric.update_state(*batch)
+        return keras.ops.convert_to_tensor(0.0)
+
+    for batch in strategy.experimental_distribute_dataset([(y_true, y_pred)]):
+        strategy.run(update, args=(batch,))
+    return [round(float(metric.result()), 6) for metric in metrics]
+
+
 _TRAINER = "keras.src.trainers.trainer:Trainer"
 _JAX_TRAINER = "keras.src.backend.jax.trainer"
 _TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
@@ -314,6 +347,9 @@ PROBES = {
     "keras.src.backend.jax.distribution_lib:distribute_tensor": _probe_values_from_chief,
     **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
+    **{f"keras.src.backend.common.variables:Variable.{n}": _assign_delta_probe(n) for n in ("assign_add", "assign_sub")},
+    "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values": _probe_metrics_in_run,
+    "keras.src.metrics.metrics_utils:update_confusion_matrix_variables": _probe_metrics_in_run,
     f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
 }
 

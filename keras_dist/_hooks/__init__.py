@@ -9,7 +9,9 @@ this docstring's table and the hooks test all read it. The modules, by
 concern: `_patching` (mechanics), `_entry` (scope and entry checks),
 `_files` (checkpoints, chief-only files), `_losses` (loss scaling,
 BatchNorm moments), `_steps` (the distributed steps, from the backend
-adapter), `_variables` (variables agree across workers). Nothing here imports jax or tensorflow.
+adapter), `_run_variables` (increments written inside `run`), `_metrics`
+(metrics inside `run` skip JAX's padding rows),
+`_variables` (variables agree across workers). Nothing here imports jax or tensorflow.
 
 Hooks:
 {table}
@@ -17,7 +19,7 @@ Hooks:
 
 from __future__ import annotations
 
-from keras_dist._hooks import _entry, _files, _losses, _steps, _variables
+from keras_dist._hooks import _entry, _files, _losses, _metrics, _run_variables, _steps, _variables
 from keras_dist._hooks._patching import ORIGINALS, Hook, model_strategy, patch, resolve
 from keras_dist._shard import scale_factor, unscale_factor
 from keras_dist.backends import backend_name
@@ -76,6 +78,27 @@ HOOKS: tuple = (
         _losses.wrap_compute_loss_and_updates,
         _JAX,
         purpose="replica step: sum gradients over replicas, packed",
+    ),
+    # variables written inside run
+    *(
+        Hook(
+            f"keras.src.backend.common.variables:Variable.{name}",
+            _run_variables.wrap_assign_delta(sign),
+            purpose="run(): the increment aggregates across replicas, as in tf",
+        )
+        for name, sign in (("assign_add", 1), ("assign_sub", -1))
+    ),
+    Hook(
+        "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values",
+        _metrics.wrap_reduce_to_samplewise_values,
+        _JAX,
+        purpose="run(): Mean/Sum-based metrics skip the rows padding an uneven shard",
+    ),
+    Hook(
+        "keras.src.metrics.metrics_utils:update_confusion_matrix_variables",
+        _metrics.wrap_update_confusion_matrix_variables,
+        _JAX,
+        purpose="run(): confusion-matrix metrics (AUC, ...) skip the padding rows",
     ),
     # variables agree across workers
     Hook(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import keras
 
 from keras_dist import _context, _shard
+from keras_dist._moments import global_moments
 from keras_dist.backends import get_adapter
 
 _AVERAGING_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
@@ -62,9 +63,31 @@ def wrap_scale(factor):
 
 
 def wrap_moments(original):
+    """BatchNormalization normalises with the global batch's moments in a
+    replica step of `fit` and inside `strategy.run` (as
+    `BatchNormalization(synchronized=True)` asks; keras_dist does it for
+    every BatchNormalization there, so a custom loop trains as one device
+    does). Rows JAX pads an uneven shard with are left out."""
+
     def _moments(self, inputs, mask):
-        if not _shard.in_replica_step():
-            return original(self, inputs, mask)
+        if _shard.in_replica_step():
+            return get_adapter().global_moments(inputs, self._reduction_axes, mask)
+        context = _context.replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            try:
+                return original(self, inputs, mask)
+            except NotImplementedError:
+                # Keras on JAX refuses `synchronized=True`; with no replicas
+                # to synchronize with, the batch's own moments are the answer.
+                if not getattr(self, "synchronized", False):
+                    raise
+                return global_moments(inputs, self._reduction_axes, mask, list)
+        rows = context.row_mask(inputs)
+        if rows is not None:
+            shape = keras.ops.shape(inputs)
+            rows = keras.ops.reshape(rows, (shape[0],) + (1,) * (len(shape) - 2))
+            rows = keras.ops.broadcast_to(rows, shape[:-1])
+            mask = rows if mask is None else keras.ops.logical_and(keras.ops.cast(mask, "bool"), rows)
         return get_adapter().global_moments(inputs, self._reduction_axes, mask)
 
     return _moments

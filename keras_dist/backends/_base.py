@@ -103,6 +103,10 @@ class BackendAdapter(abc.ABC):
     # -- custom loops: replica and cross-replica computation ---------------
 
     @abc.abstractmethod
+    def distribute_values(self, engine: Any, values: list) -> Any:
+        """One value (a nest of arrays) per replica -> a per-replica value."""
+
+    @abc.abstractmethod
     def run(self, strategy: Any, engine: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
         """Runs `fn` once per replica under a `keras_dist.ReplicaContext`."""
 
@@ -130,6 +134,13 @@ class BackendAdapter(abc.ABC):
     def build_outside_replicas(self, build_fn: Callable[[], None]) -> None:
         """Runs `build_fn` (which creates variables) outside the replica
         computation of `run`, from inside it."""
+
+    @abc.abstractmethod
+    def assign_delta_in_replica(self, variable: Any, value: Any, sign: int) -> Any:
+        """Inside `run`: `variable.assign_add(value)` (sign 1) or
+        `assign_sub` (-1) with tf.distribute's aggregation of the increment
+        across replicas; returns the new value. None outside `run` (Keras'
+        own method then runs)."""
 
     @abc.abstractmethod
     def sum_gradients_over_replicas(self, values: list) -> list:

@@ -2,7 +2,8 @@
 
 tf moved several strategies out of `tf.distribute.experimental` over the
 years and accepts both places; so does keras_dist. Each name here is the
-same object as the top-level one.
+same object as the top-level one; names only tf.distribute.experimental
+has (`ValueContext`) live here alone.
 
 ```python
 import keras_dist
@@ -23,15 +24,26 @@ _NAMES = (
     "TPUStrategy",
 )
 
-__all__ = list(_NAMES)
+#: Names only tf.distribute.experimental has -> the module that defines them.
+_OWN = {
+    "ValueContext": "keras_dist._input",
+}
+
+__all__ = sorted([*_NAMES, *_OWN])
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module 'keras_dist.experimental' has no attribute {name!r}")
+    import importlib
+
     import keras_dist
 
-    value = getattr(keras_dist, name)
+    if name in _NAMES:
+        value = getattr(keras_dist, name)
+    elif name in _OWN:
+        keras_dist._install_hooks()
+        value = getattr(importlib.import_module(_OWN[name]), name)
+    else:
+        raise AttributeError(f"module 'keras_dist.experimental' has no attribute {name!r}")
     globals()[name] = value
     return value
 

@@ -33,6 +33,7 @@ class JaxAdapter(BackendAdapter):
     split_global_batch = staticmethod(_replica.split_global_batch)
     combine_replica_batches = staticmethod(_replica.combine_replica_batches)
     # custom loops
+    distribute_values = staticmethod(_replica.distribute_values)
     run = staticmethod(_replica.run)
     reduce = staticmethod(_replica.reduce)
     gather = staticmethod(_replica.gather)
@@ -40,6 +41,7 @@ class JaxAdapter(BackendAdapter):
     # Keras training steps
     make_trainer_function = staticmethod(_step.make_trainer_function)
     build_outside_replicas = staticmethod(_replica.build_outside_replicas)
+    assign_delta_in_replica = staticmethod(_replica.assign_delta_in_replica)
     sum_gradients_over_replicas = staticmethod(_replica_step.sum_gradients_over_replicas)
     global_moments = staticmethod(_replica_step.global_moments)
     # measurement

@@ -25,6 +25,7 @@ replica count.
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import numpy as np
 import jax
@@ -36,6 +37,7 @@ from keras_dist._reduce import ReduceOp
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_sizes
 from keras_dist._values import PerReplica
+from keras_dist.backends.jax import _run_variables
 from keras_dist.backends.jax._engine import (
     BATCH_AXIS,
     place_global_batch,
@@ -79,12 +81,7 @@ class JaxPerReplica(PerReplica):
         return f"PerReplica({kind}, shape={tuple(self.array.shape)})"
 
 
-def _varying(x) -> bool:
-    aval = jax.typeof(x)
-    vma = getattr(aval, "vma", None)
-    if vma is None:
-        vma = aval.manual_axis_type.varying
-    return BATCH_AXIS in vma
+_varying = _run_variables.varying
 
 
 # -- input ----------------------------------------------------------------
@@ -201,6 +198,49 @@ class _ReplicaOps(ReplicaOps):
         # Not a dataset batch: every replica holds the same number of rows.
         return local_rows * self.engine.num_replicas
 
+    def merge_call(self, strategy, merge_fn, args, kwargs):
+        num = self.engine.num_replicas
+
+        def gathered(x):
+            if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+                return x
+            x = jnp.asarray(x)
+            if not _varying(x):
+                return x  # the same on every replica
+            # Every replica's x in one array typed as the same on every
+            # replica (so cross-replica code may use it): each writes its
+            # rows into zeros and the psum adds them (exact: zeros elsewhere).
+            index = jax.lax.axis_index(BATCH_AXIS)
+            if self.counts is not None and x.ndim >= 1 and x.shape[0] == self.rows:
+                zeros = jnp.zeros((num * x.shape[0],) + x.shape[1:], x.dtype)
+                placed = jax.lax.dynamic_update_slice_in_dim(zeros, x, index * x.shape[0], axis=0)
+                return JaxPerReplica(jax.lax.psum(placed, BATCH_AXIS), self.counts, num)
+            placed = jax.lax.dynamic_update_index_in_dim(jnp.zeros((num,) + x.shape, x.dtype), x, index, axis=0)
+            return JaxPerReplica(jax.lax.psum(placed, BATCH_AXIS), None, num)
+
+        args, kwargs = jax.tree_util.tree_map(gathered, (args, kwargs))
+        access = _run_variables.active_access()
+        with _context.cross_replica(), (access.cross_replica() if access else contextlib.nullcontext()):
+            result = merge_fn(strategy, *args, **kwargs)
+        index = jax.lax.axis_index(BATCH_AXIS)
+
+        def own(x):
+            if isinstance(x, JaxPerReplica):
+                if x.counts is None:
+                    return x.array[index]
+                return jax.lax.dynamic_slice_in_dim(x.array, index * x.rows_per_replica, x.rows_per_replica)
+            return x
+
+        return jax.tree_util.tree_map(own, result, is_leaf=lambda x: isinstance(x, JaxPerReplica))
+
+    def devices(self, strategy):
+        raise NotImplementedError(
+            "ReplicaContext.devices has no fixed value on JAX: one compiled "
+            "program serves every replica, so the replica is only known as "
+            "a traced index. Use replica_id_in_sync_group (the index) and "
+            "strategy.extended.worker_devices (the devices, in replica order)."
+        )
+
 
 # -- run ------------------------------------------------------------------
 
@@ -253,8 +293,11 @@ def run(strategy, engine, fn, args, kwargs):
             _run_cache.popitem(last=False)
     else:
         _run_cache.move_to_end(key)
-    call, out_treedef, out_kinds = compiled
-    outputs = call(*dynamic)
+    call, out_treedef, out_kinds, reads, writes = compiled
+    outputs = call(*dynamic, *[_run_variables.input_value(engine, v) for v in reads])
+    outputs, written = outputs[: len(out_kinds)], outputs[len(out_kinds) :]
+    _run_variables.check_concrete(writes, written)
+    _run_variables.assign_written(writes, written)
     wrapped = []
     for value, (kind, counts) in zip(outputs, out_kinds):
         if kind == "replicated":
@@ -265,11 +308,16 @@ def run(strategy, engine, fn, args, kwargs):
 
 
 def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dynamic):
+    """Traces `fn` twice: a probe (`jax.eval_shape`) that learns which
+    results vary across replicas and which Keras variables `fn` reads and
+    writes, then the program, which takes those variables' values as inputs
+    and returns the written ones (see `_run_variables`)."""
+    num = engine.num_replicas
     in_specs = tuple(P(BATCH_AXIS) if kind == "per_replica" else P() for kind, _ in kinds if kind != "static")
     rows = None if batch_counts is None else max(batch_counts)
     record = {}
 
-    def call_fn(*inputs):
+    def call_fn(inputs, access):
         values = iter(inputs)
         leaves = []
         for kind, extra in kinds:
@@ -283,7 +331,7 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
         context = _context.ReplicaContext(
             strategy, jax.lax.axis_index(BATCH_AXIS), _ReplicaOps(engine, batch_counts)
         )
-        with _context.in_replica(context):
+        with _context.in_replica(context), access:
             out = fn(*args, **kwargs)
         out_leaves, out_treedef = jax.tree_util.tree_flatten(out)
         out_leaves = [jnp.asarray(x) for x in out_leaves]
@@ -297,7 +345,10 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
         return out_leaves
 
     def probe(*inputs):
-        return tuple(x[None] for x in call_fn(*inputs))
+        access = _run_variables.VariableAccess(num)
+        out = call_fn(inputs, access)
+        record["reads"], record["writes"] = list(access.reads), list(access.writes)
+        return tuple(x[None] for x in out)
 
     abstract = [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in dynamic]
     jax.eval_shape(
@@ -306,14 +357,35 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
     )
     out_kinds = list(record["kinds"])
     out_treedef = record["treedef"]
+    reads, writes = record["reads"], record["writes"]
+    on_read = [_run_variables.is_on_read(v) for v in writes]
 
     def body(*inputs):
-        out = call_fn(*inputs)
-        return tuple(x[None] if kind == "stacked" else x for x, kind in zip(out, out_kinds))
+        inputs, variable_inputs = inputs[: len(in_specs)], inputs[len(in_specs) :]
+        planned = {
+            id(v): (x[0] if _run_variables.is_on_read(v) else x) for v, x in zip(reads, variable_inputs)
+        }
+        access = _run_variables.VariableAccess(num, planned, discover=False)
+        out = call_fn(inputs, access)
+        if [id(v) for v in access.writes] != [id(v) for v in writes]:
+            raise RuntimeError(
+                "strategy.run's function wrote other variables on its second "
+                "trace than on its first; it must touch the same variables "
+                "every time it is traced."
+            )
+        written = access.written_values()
+        return (
+            *(x[None] if kind == "stacked" else x for x, kind in zip(out, out_kinds)),
+            *(x[None] if read else x for x, read in zip(written, on_read)),
+        )
 
-    out_specs = tuple(P() if kind == "replicated" else P(BATCH_AXIS) for kind in out_kinds)
+    out_specs = (
+        *(P() if kind == "replicated" else P(BATCH_AXIS) for kind in out_kinds),
+        *(P(BATCH_AXIS) if read else P() for read in on_read),
+    )
+    variable_specs = tuple(_run_variables.input_spec(v) for v in reads)
     mapped = jax.jit(
-        jax.shard_map(body, mesh=engine.mesh, in_specs=in_specs, out_specs=out_specs),
+        jax.shard_map(body, mesh=engine.mesh, in_specs=in_specs + variable_specs, out_specs=out_specs),
         compiler_options=engine.compiler_options,
     )
     result_kinds = [
@@ -321,7 +393,7 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
         else ("per_replica", batch_counts if kind == "per_example" else None)
         for kind in out_kinds
     ]
-    return mapped, out_treedef, result_kinds
+    return mapped, out_treedef, result_kinds, reads, writes
 
 
 # -- cross-replica --------------------------------------------------------
@@ -400,3 +472,29 @@ def build_outside_replicas(build_fn):
             "as arguments (see the custom training loops guide)."
         )
     build_fn()
+
+
+def assign_delta_in_replica(variable, value, sign):
+    """Inside `run`'s trace: the increment goes to the variable-access scope
+    (aggregated across replicas there); None elsewhere."""
+    scope = _run_variables.active_access()
+    return None if scope is None else scope.write_delta(variable, value, sign)
+
+
+def distribute_values(engine, values):
+    """One value per replica -> per-replica values: stacked when every
+    replica's leaf has the same shape (replica r holds row r), else rows
+    padded to equal length like an uneven batch."""
+    leaves = [jax.tree_util.tree_leaves(v) for v in values]
+    same = all(
+        len(ls) == len(leaves[0]) and all(np.shape(a) == np.shape(b) for a, b in zip(ls, leaves[0]))
+        for ls in leaves
+    )
+    if not same:
+        return combine_replica_batches(engine, values)
+
+    def stack(*parts):
+        stacked = np.stack([np.asarray(p) for p in parts])
+        return JaxPerReplica(_place(engine, stacked), None, engine.num_replicas)
+
+    return jax.tree_util.tree_map(stack, *values)

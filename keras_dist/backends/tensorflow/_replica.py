@@ -78,6 +78,20 @@ class _ReplicaOps(ReplicaOps):
         rows = tf.cast(local_rows, tf.float32)
         return self.context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
 
+    def merge_call(self, strategy, merge_fn, args, kwargs):
+        def tf_merge_fn(_tf_strategy, *merge_args, **merge_kwargs):
+            with _context.cross_replica():
+                return merge_fn(strategy, *merge_args, **merge_kwargs)
+
+        return self.context.merge_call(tf_merge_fn, args=args, kwargs=kwargs)
+
+    def devices(self, strategy):
+        # tf's MirroredStrategy nests this replica's device list in the tuple
+        devices = []
+        for item in self.context.devices:
+            devices.extend(item if isinstance(item, (list, tuple)) else [item])
+        return tuple(devices)
+
 
 def run(strategy, engine, fn, args, kwargs):
     def replica_fn(*replica_args, **replica_kwargs):
@@ -118,3 +132,25 @@ def build_outside_replicas(build_fn):
             build_fn()
 
     tf.distribute.get_replica_context().merge_call(merge_fn)
+
+
+def assign_delta_in_replica(variable, value, sign):
+    """Inside a tf.distribute replica context, the increment goes to tf's
+    own `assign_add`/`assign_sub` of the distributed variable, which
+    aggregates the increment (Keras' ``assign(v + x)`` would aggregate the
+    replicas' new values: a "sum" variable would get every replica's copy
+    of v added up). None elsewhere."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    target = getattr(variable, "_value", None)
+    if not isinstance(target, tf.distribute.DistributedValues):
+        return None
+    value = tf.cast(tf.convert_to_tensor(value), target.dtype)
+    return target.assign_add(value) if sign > 0 else target.assign_sub(value)
+
+
+def distribute_values(engine, values):
+    """One value per replica -> tf's per-replica value."""
+    return engine.experimental_distribute_values_from_function(
+        lambda context: tf.nest.map_structure(tf.convert_to_tensor, values[context.replica_id_in_sync_group])
+    )

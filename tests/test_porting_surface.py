@@ -1,0 +1,179 @@
+"""tf.distribute names a ported program calls: values from a function,
+the deprecated dataset alias, RunOptions (honoured or refused per field)."""
+
+import numpy as np
+import pytest
+import keras
+
+import keras_dist
+from conftest import BACKEND
+
+
+def _strategy():
+    return keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)])
+
+
+def _local(strategy, value):
+    return [np.asarray(x) for x in strategy.experimental_local_results(value)]
+
+
+def test_values_from_function_gives_each_replica_its_value():
+    strategy = _strategy()
+    contexts = []
+
+    def value_fn(context):
+        contexts.append((context.replica_id_in_sync_group, context.num_replicas_in_sync))
+        return np.full((3,), context.replica_id_in_sync_group, "float32")
+
+    values = strategy.experimental_distribute_values_from_function(value_fn)
+    assert contexts == [(r, 4) for r in range(4)]
+    assert [v.tolist() for v in _local(strategy, values)] == [[r] * 3 for r in range(4)]
+    doubled = strategy.run(lambda v: v * 2.0, args=(values,))
+    assert [v.tolist() for v in _local(strategy, doubled)] == [[2.0 * r] * 3 for r in range(4)]
+    assert np.asarray(strategy.reduce("SUM", doubled, axis=None)).tolist() == [12.0] * 3
+
+
+def test_values_from_function_of_different_lengths():
+    """Replica r gets r + 1 rows; sums over rows stay exact (JAX pads)."""
+    strategy = _strategy()
+    values = strategy.experimental_distribute_values_from_function(
+        lambda context: np.arange(context.replica_id_in_sync_group + 1, dtype="float32")
+    )
+    assert [v.tolist() for v in _local(strategy, values)] == [list(range(r + 1)) for r in range(4)]
+    sums = strategy.run(lambda v: keras.ops.sum(v), args=(values,))
+    assert float(np.asarray(strategy.reduce("SUM", sums, axis=None))) == 0 + 1 + 3 + 6
+
+
+def test_value_context_is_experimental():
+    context = keras_dist.experimental.ValueContext(2, 4)
+    assert (context.replica_id_in_sync_group, context.num_replicas_in_sync) == (2, 4)
+    with pytest.raises(TypeError, match="needs a callable"):
+        _strategy().experimental_distribute_values_from_function([1, 2, 3, 4])
+
+
+def test_deprecated_datasets_from_function_alias():
+    strategy = _strategy()
+    x = np.arange(16, dtype="float32").reshape(16, 1)
+
+    def dataset_fn(context):
+        size = context.get_per_replica_batch_size(8)
+        return [x[i : i + size] for i in range(0, 16, size)]
+
+    with pytest.warns(DeprecationWarning, match="distribute_datasets_from_function"):
+        old = list(strategy.experimental_distribute_datasets_from_function(dataset_fn))
+    new = list(strategy.distribute_datasets_from_function(dataset_fn))
+    assert len(old) == len(new) == 2
+    for a, b in zip(old, new):
+        assert [v.tolist() for v in _local(strategy, a)] == [v.tolist() for v in _local(strategy, b)]
+
+
+def test_run_options_honoured_or_refused():
+    strategy = _strategy()
+    for dynamic in (True, False):  # honoured either way: a program per input shape
+        out = strategy.run(lambda: keras.ops.convert_to_tensor(1.0), options=keras_dist.RunOptions(dynamic))
+        assert [float(v) for v in _local(strategy, out)] == [1.0] * 4
+    with pytest.raises(NotImplementedError, match="bucketizing"):
+        strategy.run(lambda: 1.0, options=keras_dist.RunOptions(experimental_bucketizing_dynamic_shape=True))
+    with pytest.raises(NotImplementedError, match="xla_options"):
+        strategy.run(lambda: 1.0, options=keras_dist.RunOptions(experimental_xla_options=object()))
+    with pytest.raises(TypeError, match="RunOptions"):
+        strategy.run(lambda: 1.0, options={"experimental_enable_dynamic_batch_size": True})
+
+
+def _in_step(strategy, fn, *args):
+    """strategy.run(fn, args), in a tf.function on TensorFlow as ported code has it."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(lambda *a: strategy.run(fn, args=a))(*args)
+    return strategy.run(fn, args=args)
+
+
+def _replica_value():
+    replica = keras_dist.get_replica_context().replica_id_in_sync_group
+    return keras.ops.cast(replica, "float32") + 1.0  # 1, 2, 3, 4
+
+
+def test_merge_call_reduces_and_updates_once():
+    """tf's canonical merge_call: reduce the replicas' values and update a
+    variable once in cross-replica context; every replica gets the result."""
+    strategy = _strategy()
+    with strategy.scope():
+        total = keras.Variable(100.0)
+
+    def replica_fn():
+        def merge_fn(merge_strategy, value):
+            assert keras_dist.in_cross_replica_context()
+            reduced = merge_strategy.reduce("SUM", value, axis=None)
+            merge_strategy.extended.update(total, lambda var, x: var.assign_add(x), args=(reduced,))
+            return reduced
+
+        return keras_dist.get_replica_context().merge_call(merge_fn, args=(_replica_value(),))
+
+    out = _in_step(strategy, replica_fn)
+    assert {float(v) for v in _local(strategy, out)} == {10.0}  # the same on every replica
+    assert float(total.numpy()) == 110.0  # applied once, not once per replica
+
+
+def test_merge_call_hands_each_replica_its_component():
+    strategy = _strategy()
+
+    def replica_fn():
+        return keras_dist.get_replica_context().merge_call(lambda s, v: v, args=(_replica_value() * 10.0,))
+
+    out = _in_step(strategy, replica_fn)
+    assert [float(v) for v in _local(strategy, out)] == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_extended_cross_replica_methods():
+    strategy = _strategy()
+    with strategy.scope():
+        v = keras.Variable(1.0)
+    per_replica = _in_step(strategy, _replica_value)
+    assert float(np.asarray(strategy.extended.reduce_to("SUM", per_replica, v))) == 10.0
+    assert float(np.asarray(strategy.extended.reduce_to("MEAN", per_replica, "cpu:1"))) == 2.5
+    pairs = strategy.extended.batch_reduce_to("SUM", [(per_replica, v), (per_replica, v)])
+    assert [float(np.asarray(p)) for p in pairs] == [10.0, 10.0]
+    with pytest.raises(ValueError, match="not a device"):
+        strategy.extended.reduce_to("SUM", per_replica, "cpu:7")
+    with pytest.raises(NotImplementedError, match="options=None"):
+        strategy.extended.reduce_to("SUM", per_replica, v, options=keras_dist.CommunicationOptions())
+
+    strategy.extended.update(v, lambda var, x: var.assign(x * 3.0), args=(2.0,))
+    assert float(v.numpy()) == 6.0
+    parts = strategy.extended.update(v, lambda var: var.assign_add(1.0), group=False)
+    assert len(parts) >= 1 and float(v.numpy()) == 7.0
+    with pytest.raises(RuntimeError, match="merge_call"):
+        _in_step(strategy, lambda: strategy.extended.update(v, lambda var: var.assign(0.0)))
+    assert float(v.numpy()) == 7.0
+
+    assert strategy.extended.value_container(v) is v
+    with strategy.extended.colocate_vars_with(v):
+        with strategy.scope():
+            w = keras.Variable(2.0)
+    assert strategy.extended.variable_created_in_scope(w)
+    with pytest.raises(ValueError, match="not created under"):
+        strategy.extended.colocate_vars_with(keras.Variable(0.0))
+    mirrored = strategy.extended.broadcast_to(np.float32(5.0), v)
+    assert [float(np.asarray(c)) for c in _local(strategy, mirrored)][0] == 5.0
+    assert strategy.extended.experimental_enable_get_next_as_optional is True
+    assert strategy.extended.experimental_require_static_shapes is False
+
+
+def test_replica_context_devices():
+    strategy = _strategy()
+    if BACKEND == "jax":
+        with pytest.raises(NotImplementedError, match="worker_devices"):
+            strategy.run(lambda: keras_dist.get_replica_context().devices)
+    else:
+        import tensorflow as tf
+
+        seen = []
+
+        def replica_fn():
+            seen.append(keras_dist.get_replica_context().devices)
+            return tf.constant(0.0)
+
+        strategy.run(replica_fn)
+        assert sorted(device for devices in seen for device in devices) == sorted(tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)]).extended.worker_devices)
+    assert keras_dist.get_replica_context().devices == ("cpu:0",)  # the default context, outside any scope

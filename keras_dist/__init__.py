@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from keras_dist import _foreign  # noqa: F401 - standard library only; lends cluster_resolver its tf-object check
+
 __version__ = "0.1.0"
 
 #: Public name -> the module that defines it.
@@ -31,8 +33,11 @@ _EXPORTS = {
     "HierarchicalCopyAllReduce": "keras_dist._cross_device_ops",
     "NcclAllReduce": "keras_dist._cross_device_ops",
     "ReductionToOneDevice": "keras_dist._cross_device_ops",
+    "DistributedDataset": "keras_dist._input",
+    "DistributedIterator": "keras_dist._input",
     "InputContext": "keras_dist._input",
     "InputOptions": "keras_dist._input",
+    "InputReplicationMode": "keras_dist._input",
     "RunOptions": "keras_dist._strategy",
     "compute_average_loss": "keras_dist._losses",
     "scale_regularization_loss": "keras_dist._losses",
@@ -69,7 +74,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         NcclAllReduce,
         ReductionToOneDevice,
     )
-    from keras_dist._input import InputContext, InputOptions  # noqa: F401
+    from keras_dist._input import (  # noqa: F401
+        DistributedDataset,
+        DistributedIterator,
+        InputContext,
+        InputOptions,
+        InputReplicationMode,
+    )
     from keras_dist._losses import compute_average_loss, scale_regularization_loss  # noqa: F401
     from keras_dist._reduce import ReduceOp  # noqa: F401
     from keras_dist._simulate import simulate_cpu_devices  # noqa: F401

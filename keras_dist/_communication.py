@@ -10,6 +10,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from keras_dist import _foreign
+
 
 #: How long a worker waits for every other worker to join the job when
 #: `CommunicationOptions.timeout_seconds` is None (JAX's own default).
@@ -157,7 +159,8 @@ class CommunicationOptions:
             answer within this many seconds; None waits for the engine's
             default. Also bounds the wait for every worker to join the job
             (default 300 s when None).
-        implementation: a `CommunicationImplementation`.
+        implementation: a `CommunicationImplementation` (on the TensorFlow
+            backend also tf.distribute.experimental's).
 
     ```python
     options = keras_dist.CommunicationOptions(timeout_seconds=60)
@@ -177,6 +180,8 @@ class CommunicationOptions:
             raise ValueError(
                 f"timeout_seconds must be positive or None, got {self.timeout_seconds!r}."
             )
+        # TensorFlow: tf.distribute.experimental.CommunicationImplementation's
+        object.__setattr__(self, "implementation", _foreign.accept(self.implementation, "communication_implementation"))
         if not isinstance(self.implementation, CommunicationImplementation):
             raise ValueError(
                 "implementation must be a keras_dist.CommunicationImplementation, "

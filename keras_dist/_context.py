@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 from keras_dist._reduce import ReduceOp
 from keras_dist._replica_ops import LocalReplicaOps, ReplicaOps
@@ -182,19 +182,13 @@ def replica_context() -> Optional[ReplicaContext]:
     return getattr(_local, "replica_context", None)
 
 
-@contextlib.contextmanager
-def cross_replica() -> Iterator[None]:
+def cross_replica() -> ContextManager[None]:
     """Cross-replica context while inside (`ReplicaContext.merge_call`)."""
-    previous = getattr(_local, "replica_context", None)
-    _local.replica_context = None
-    try:
-        yield
-    finally:
-        _local.replica_context = previous
+    return in_replica(None)
 
 
 @contextlib.contextmanager
-def in_replica(context: ReplicaContext) -> Iterator[None]:
+def in_replica(context: Optional[ReplicaContext]) -> Iterator[None]:
     previous = getattr(_local, "replica_context", None)
     _local.replica_context = context
     try:

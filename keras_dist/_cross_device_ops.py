@@ -12,13 +12,16 @@ backend adapter turns them into what its engine really does (see
   all-reduces of one step are packed: ``num_packs=1`` combines them into
   one all-reduce (XLA's default), ``num_packs=0`` and `ReductionToOneDevice`
   keep one all-reduce per tensor.
+
+On the TensorFlow backend tf.distribute's own three (ported code) are
+taken too, as the keras_dist one of the same name and arguments.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from keras_dist import _devices
+from keras_dist import _devices, _foreign
 
 __all__ = [
     "CrossDeviceOps",
@@ -162,19 +165,11 @@ def validate(value: Any, devices: Sequence[str]) -> Optional[CrossDeviceOps]:
     """`value` as a cross-device ops choice for `devices`, or a clear error."""
     if value is None:
         return None
+    value = _foreign.accept(value, "cross_device_ops")  # TensorFlow: tf.distribute's own
     if type(value) not in (NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice):
-        module = type(value).__module__ or ""
-        hint = ""
-        if module.startswith("tensorflow"):
-            hint = (
-                f" This is TensorFlow's own {type(value).__name__}; pass "
-                f"keras_dist.{type(value).__name__}(...) with the same "
-                "arguments instead (keras_dist maps it to the engine of the "
-                "backend Keras runs on)."
-            )
         raise TypeError(
             f"cross_device_ops must be one of {_CHOICES}, or None to let the "
-            f"engine choose; got {value!r}.{hint}"
+            f"engine choose; got {value!r}."
         )
     if isinstance(value, NcclAllReduce):
         not_gpu = [d for d in devices if not d.startswith("gpu:")]

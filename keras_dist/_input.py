@@ -2,23 +2,80 @@
 
 from __future__ import annotations
 
+import abc
+import collections
 import dataclasses
+import enum
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from keras_dist._split import per_replica_batch_size
 
 
+class InputReplicationMode(enum.Enum):
+    """How `distribute_datasets_from_function` builds input (tf names):
+    one pipeline per worker, or one per replica."""
+
+    PER_WORKER = "PER_WORKER"
+    PER_REPLICA = "PER_REPLICA"
+
+
 @dataclasses.dataclass(frozen=True)
 class InputOptions:
-    """Options for distributing a dataset (tf.distribute names).
+    """Options for distributing a dataset (tf.distribute.InputOptions).
 
-    keras_dist carries out the defaults (each batch fed to the devices, one
-    batch ahead); a non-default value is refused with an error rather than
-    ignored.
+    - `experimental_fetch_to_device` (None: True unless the dataset is
+      placed on the device): put each element on the replicas' devices.
+    - `experimental_replication_mode`: `InputReplicationMode.PER_WORKER`,
+      or `PER_REPLICA` (`distribute_datasets_from_function` only: one
+      `dataset_fn` call per replica).
+    - `experimental_place_dataset_on_device`: run the input pipeline on the
+      device (PER_REPLICA, without fetch_to_device).
+    - `experimental_per_replica_buffer_size`: elements prepared ahead.
+
+    On TensorFlow with tf.data input, tf carries them out; elsewhere
+    keras_dist does (buffer size, replication mode) or raises, naming what
+    the backend cannot do (an element kept off the devices, a pipeline on
+    the device).
+
+    >>> InputOptions(experimental_per_replica_buffer_size=2).fetch_to_device
+    True
     """
 
-    experimental_fetch_to_device: bool = True
+    experimental_fetch_to_device: Optional[bool] = None
+    experimental_replication_mode: InputReplicationMode = InputReplicationMode.PER_WORKER
+    experimental_place_dataset_on_device: bool = False
     experimental_per_replica_buffer_size: int = 1
+
+    def __post_init__(self):
+        if self.experimental_fetch_to_device not in (None, True, False):
+            raise TypeError(f"InputOptions: experimental_fetch_to_device must be None, True or False, got {self.experimental_fetch_to_device!r}.")
+        if not isinstance(self.experimental_replication_mode, InputReplicationMode):
+            raise TypeError(
+                "InputOptions: experimental_replication_mode must be a "
+                f"keras_dist.InputReplicationMode, got {self.experimental_replication_mode!r}."
+            )
+        size = self.experimental_per_replica_buffer_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"InputOptions: experimental_per_replica_buffer_size must be a positive integer, got {size!r}.")
+        if self.experimental_place_dataset_on_device:
+            if self.experimental_replication_mode is not InputReplicationMode.PER_REPLICA:
+                raise ValueError(
+                    "InputOptions: experimental_place_dataset_on_device=True needs "
+                    "experimental_replication_mode=InputReplicationMode.PER_REPLICA (as in tf)."
+                )
+            if self.experimental_fetch_to_device:
+                raise ValueError(
+                    "InputOptions: experimental_place_dataset_on_device and "
+                    "experimental_fetch_to_device cannot both be True (as in tf); "
+                    "set experimental_fetch_to_device=False."
+                )
+
+    @property
+    def fetch_to_device(self) -> bool:
+        """Whether elements go to the devices (the None default resolved)."""
+        if self.experimental_fetch_to_device is None:
+            return not self.experimental_place_dataset_on_device
+        return self.experimental_fetch_to_device
 
 
 class ValueContext:
@@ -216,36 +273,146 @@ def check_dataset(dataset: Any) -> None:
         )
 
 
-class DistributedDataset:
-    """Iterates a dataset of global batches as per-replica values.
+class OptionalValue:
+    """What `DistributedIterator.get_next_as_optional` returns: a value, or
+    none at the end of the data (tf.experimental.Optional's methods).
 
-    Each global batch is split into contiguous per-replica shards whose
-    sizes differ by at most one (see `keras_dist._split`).
+    >>> OptionalValue(None, False).has_value()
+    False
     """
 
-    def __init__(self, batches: Callable[[], Iterable], to_replicas: Callable[[Any], Any]):
+    def __init__(self, value: Any, has_value: bool):
+        self._value = value
+        self._has_value = has_value
+
+    def has_value(self) -> bool:
+        return self._has_value
+
+    def get_value(self) -> Any:
+        if not self._has_value:
+            raise ValueError("get_value() of an empty optional: the distributed iterator is exhausted.")
+        return self._value
+
+
+class DistributedIterator(metaclass=abc.ABCMeta):
+    """An iterator over a distributed dataset's per-replica elements
+    (tf.distribute.DistributedIterator; tf's own is one on TensorFlow).
+
+    `get_next()` raises StopIteration at the end (tf raises its
+    OutOfRangeError there); `get_next_as_optional()` returns an
+    `OptionalValue` instead.
+    """
+
+    def __init__(self, elements: Iterator, element_spec: Callable[[], Any]):
+        self._elements = elements
+        self._element_spec = element_spec
+
+    def __iter__(self) -> "DistributedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._elements)
+
+    def get_next(self) -> Any:
+        """The next per-replica element; StopIteration at the end."""
+        return next(self._elements)
+
+    def get_next_as_optional(self) -> OptionalValue:
+        """The next element as an `OptionalValue`, empty at the end."""
+        try:
+            return OptionalValue(next(self._elements), True)
+        except StopIteration:
+            return OptionalValue(None, False)
+
+    @property
+    def element_spec(self) -> Any:
+        return self._element_spec()
+
+
+class DistributedDataset(metaclass=abc.ABCMeta):
+    """A dataset whose elements are per-replica values
+    (tf.distribute.DistributedDataset; tf's own is one on TensorFlow).
+
+    Made by `strategy.experimental_distribute_dataset`: each global batch
+    is split into contiguous per-replica shards whose sizes differ by at
+    most one (see `keras_dist._split`).
+    """
+
+    def __init__(
+        self,
+        batches: Callable[[], Iterable],
+        to_replicas: Callable[[Any], Any],
+        spec: Callable[[Any], Any] = None,
+        buffer_size: int = 1,
+    ):
         self._batches = batches  # makes a fresh pass over the data
         self._to_replicas = to_replicas
+        self._spec = spec
+        self._buffer_size = buffer_size
 
-    def __iter__(self) -> Iterator:
+    def _elements(self) -> Iterator:
         for batch in self._batches():
             yield self._to_replicas(batch)
 
+    def _buffered(self) -> Iterator:
+        """The elements, each prepared (split and sent to the devices, which
+        runs asynchronously) `buffer_size` elements before it is taken."""
+        ahead: collections.deque = collections.deque()
+        for element in self._elements():
+            ahead.append(element)
+            if len(ahead) > self._buffer_size - 1:
+                yield ahead.popleft()
+        while ahead:
+            yield ahead.popleft()
 
-class DistributedDatasetsFromFunction:
+    def __iter__(self) -> DistributedIterator:
+        return DistributedIterator(self._buffered(), lambda: self.element_spec)
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure of an element: a `keras.KerasTensor` per array,
+        with the shape one replica's component has (batch dimension None)."""
+        first = next(self._elements(), None)
+        if first is None:
+            raise ValueError("element_spec of an empty distributed dataset: it has no element to describe.")
+        return self._spec(first) if self._spec else first
+
+    def reduce(self, initial_state: Any, reduce_fn: Callable[[Any, Any], Any]) -> Any:
+        """Folds `reduce_fn(state, element)` over the per-replica elements."""
+        state = initial_state
+        for element in self._elements():
+            state = reduce_fn(state, element)
+        return state
+
+
+class DistributedDatasetsFromFunction(DistributedDataset):
     """Iterates per-replica batches made by `dataset_fn`, one per replica.
 
-    Replica ``r`` of step ``s`` gets batch ``s * replicas + r`` of the
-    dataset; when the data runs out mid-step the remaining replicas get
-    empty batches.
+    One pipeline for the worker (PER_WORKER): replica ``r`` of step ``s``
+    gets batch ``s * replicas + r`` of the dataset. One pipeline per
+    replica (PER_REPLICA): replica ``r`` gets the next batch of its own.
+    When the data runs out mid-step the remaining replicas get empty
+    batches.
     """
 
-    def __init__(self, batches: Callable[[], Iterable], num_replicas: int, combine: Callable[[list], Any]):
-        self._batches = batches  # makes a fresh pass over the data
+    def __init__(
+        self,
+        batches: Callable[[], Iterable],
+        num_replicas: int,
+        combine: Callable[[list], Any],
+        spec: Callable[[Any], Any] = None,
+        buffer_size: int = 1,
+        per_replica: Optional[list] = None,
+    ):
+        super().__init__(batches, lambda element: element, spec, buffer_size)
         self._num_replicas = num_replicas
         self._combine = combine
+        self._per_replica = per_replica  # one batches() per replica (PER_REPLICA)
 
-    def __iter__(self) -> Iterator:
+    def _elements(self) -> Iterator:
+        if self._per_replica is not None:
+            yield from self._per_replica_elements()
+            return
         group = []
         for batch in self._batches():
             group.append(batch)
@@ -254,3 +421,24 @@ class DistributedDatasetsFromFunction:
                 group = []
         if group:
             yield self._combine(group)
+
+    def _per_replica_elements(self) -> Iterator:
+        iterators = [iter(batches()) for batches in self._per_replica]
+        while True:
+            group, done = [], []
+            for replica, iterator in enumerate(iterators):
+                batch = next(iterator, _END)
+                (done if batch is _END else group).append(replica if batch is _END else batch)
+            if not group:
+                return
+            if done and done != list(range(len(group), len(iterators))):
+                raise ValueError(
+                    f"distribute_datasets_from_function (PER_REPLICA): the pipelines of "
+                    f"replicas {done} ran out before those of later replicas; give "
+                    "every replica's dataset the same number of batches (the last "
+                    "replicas' may end one step early)."
+                )
+            yield self._combine(group)
+
+
+_END = object()

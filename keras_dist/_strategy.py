@@ -15,7 +15,7 @@ import logging
 import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from keras_dist import _context, _cross_device_ops, _devices
+from keras_dist import _context, _cross_device_ops, _devices, _foreign
 from keras_dist import _heartbeat as heartbeat
 from keras_dist._context import ReplicaContext
 from keras_dist._reduce import ReduceOp
@@ -324,17 +324,35 @@ class Strategy:
             strategy.run(lambda a, b: keras.ops.sum(a), args=(x_part, y_part))
         ```
         """
-        from keras_dist._input import DistributedDataset, check_auto_shard_policy, check_batched, check_dataset
+        from keras_dist._input import (
+            DistributedDataset,
+            InputReplicationMode,
+            check_auto_shard_policy,
+            check_batched,
+            check_dataset,
+        )
 
-        _refuse_options("experimental_distribute_dataset", options, "InputOptions")
+        options = _input_options("experimental_distribute_dataset", options)
+        if options.experimental_replication_mode is not InputReplicationMode.PER_WORKER:
+            raise ValueError(
+                "InputReplicationMode.PER_REPLICA is only supported by "
+                "strategy.distribute_datasets_from_function (as in tf): "
+                "experimental_distribute_dataset splits one dataset of global batches."
+            )
         check_dataset(dataset)
         check_auto_shard_policy(dataset, self._extended.num_workers)
         check_batched(dataset, self.num_replicas_in_sync, what="experimental_distribute_dataset")
         engine = self._extended.engine
         adapter = get_adapter()
+        native = adapter.distribute_dataset_natively(engine, dataset, self._first_local_replica(), "global_batches", options)
+        if native is not None:
+            return native
+        _check_host_input_options("experimental_distribute_dataset", options)
         return DistributedDataset(
             lambda: adapter.iterate_batches(dataset),
             lambda batch: adapter.split_global_batch(engine, batch),
+            self._element_spec,
+            options.experimental_per_replica_buffer_size,
         )
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
@@ -343,9 +361,9 @@ class Strategy:
         The dataset must be batched with the per-replica batch size,
         `context.get_per_replica_batch_size(global_batch_size)`.
         """
-        from keras_dist._input import DistributedDatasetsFromFunction, InputContext
+        from keras_dist._input import DistributedDatasetsFromFunction, InputContext, InputReplicationMode
 
-        _refuse_options("distribute_datasets_from_function", options, "InputOptions")
+        options = _input_options("distribute_datasets_from_function", options)
         if self._extended.num_workers > 1:
             raise NotImplementedError(
                 "distribute_datasets_from_function with several workers (each "
@@ -354,15 +372,46 @@ class Strategy:
                 "strategy.experimental_distribute_dataset: each worker keeps "
                 "its replicas' rows, exactly as one device would see them."
             )
-        context = InputContext(1, 0, self.num_replicas_in_sync)
-        dataset = dataset_fn(context)
+        num = self.num_replicas_in_sync
+        per_replica = options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
+        if per_replica:
+            datasets = [dataset_fn(InputContext(num, replica, num)) for replica in range(num)]
+        else:
+            datasets = dataset_fn(InputContext(1, 0, num))
         engine = self._extended.engine
         adapter = get_adapter()
-        return DistributedDatasetsFromFunction(
-            lambda: adapter.iterate_batches(dataset),
-            self.num_replicas_in_sync,
-            lambda batches: adapter.combine_replica_batches(engine, batches),
+        native = adapter.distribute_dataset_natively(
+            engine, datasets, self._first_local_replica(), "per_replica_pipelines" if per_replica else "per_replica_batches", options
         )
+        if native is not None:
+            return native
+        _check_host_input_options("distribute_datasets_from_function", options)
+        return DistributedDatasetsFromFunction(
+            lambda: adapter.iterate_batches(datasets),
+            num,
+            lambda batches: adapter.combine_replica_batches(engine, batches),
+            self._element_spec,
+            options.experimental_per_replica_buffer_size,
+            [(lambda d=d: adapter.iterate_batches(d)) for d in datasets] if per_replica else None,
+        )
+
+    def _first_local_replica(self) -> int:
+        """The replica index of this worker's first device."""
+        return self._extended.worker_index * len(self._extended.worker_devices)
+
+    def _element_spec(self, element):
+        """A distributed element's structure: one `keras.KerasTensor` per
+        array, shaped like one replica's component (batch dimension None)."""
+        import keras
+
+        def spec(value):
+            component = self.experimental_local_results(value)[0]
+            shape = tuple(getattr(component, "shape", ()))
+            if shape:
+                shape = (None,) + shape[1:]
+            return keras.KerasTensor(shape, dtype=keras.backend.standardize_dtype(component.dtype))
+
+        return keras.tree.map_structure(spec, element)
 
     def experimental_distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
         """Deprecated alias of `distribute_datasets_from_function` (as in tf)."""
@@ -458,24 +507,35 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
         )
 
 
-def _refuse_options(method: str, options: Any, kind: str) -> None:
-    """Options are not silently ignored: only None or the defaults pass."""
-    if options is None:
-        return
+def _input_options(method: str, options: Any):
+    """`options` as a `keras_dist.InputOptions` (the defaults for None)."""
     from keras_dist._input import InputOptions
 
-    if kind == "InputOptions" and isinstance(options, InputOptions):
-        if options == InputOptions():
-            return
+    if options is None:
+        return InputOptions()
+    if not isinstance(options, InputOptions):
+        raise TypeError(f"strategy.{method}(options=...) takes a keras_dist.InputOptions, got {options!r}.")
+    return options
+
+
+def _check_host_input_options(method: str, options) -> None:
+    """Where keras_dist splits batches on the host (JAX; non-tf.data input
+    on TensorFlow) every element goes to the devices: it cannot keep one
+    off them or run the pipeline on them."""
+    if options.experimental_place_dataset_on_device:
         raise NotImplementedError(
-            f"{method}: {options!r} asks for non-default input options, which "
-            "keras_dist does not carry out yet (it always feeds each batch to "
-            "the devices, one batch ahead). Pass options=None."
+            f"strategy.{method}: InputOptions(experimental_place_dataset_on_device=True) "
+            "needs an input pipeline that runs on the device (tf.data on "
+            "TensorFlow); here the pipeline runs on the host. Leave it False."
         )
-    raise NotImplementedError(
-        f"{method}(options={options!r}): keras_dist takes no {kind} here yet; "
-        "pass options=None rather than have them ignored."
-    )
+    if not options.fetch_to_device:
+        raise NotImplementedError(
+            f"strategy.{method}: InputOptions(experimental_fetch_to_device=False) "
+            "cannot be carried out here: keras_dist splits each batch on the host "
+            "and places the shards on the replicas' devices, where the replicas "
+            "run on them (tf.data input on TensorFlow can keep them off the "
+            "devices). Leave it None or True."
+        )
 
 
 class OneDeviceStrategy(Strategy):
@@ -683,8 +743,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         from keras_dist._communication import CommunicationOptions
         from keras_dist.cluster_resolver import TFConfigClusterResolver
 
-        resolver = cluster_resolver or TFConfigClusterResolver()
-        options = communication_options or CommunicationOptions()
+        # TensorFlow: tf's own resolver and options are taken too (ported code)
+        resolver = _foreign.accept(cluster_resolver, "cluster_resolver") or TFConfigClusterResolver()
+        options = _foreign.accept(communication_options, "communication_options") or CommunicationOptions()
         if not isinstance(options, CommunicationOptions):
             raise TypeError(
                 "communication_options must be a keras_dist.CommunicationOptions, "
@@ -756,7 +817,7 @@ class TPUStrategy(Strategy):
             from keras_dist.cluster_resolver import TPUClusterResolver
 
             tpu_cluster_resolver = TPUClusterResolver()
-        resolver = tpu_cluster_resolver
+        resolver = _foreign.accept(tpu_cluster_resolver, "cluster_resolver")
         adapter = get_adapter()
         adapter.initialize_tpu_system(resolver)  # before the devices are listed
         local = _tpu_cores(adapter.visible_devices())
@@ -811,7 +872,7 @@ class _DefaultStrategy(Strategy):
         yield self
 
     def run(self, fn, args=(), kwargs=None, options=None):
-        _refuse_options("run", options, "RunOptions")
+        _check_run_options(options)
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op, value, axis=None):
@@ -835,10 +896,15 @@ class _DefaultStrategy(Strategy):
         # TensorFlow), so one loop serves every strategy.
         from keras_dist._input import DistributedDataset, check_dataset
 
-        _refuse_options("experimental_distribute_dataset", options, "InputOptions")
+        options = _input_options("experimental_distribute_dataset", options)
         check_dataset(dataset)
         adapter = get_adapter()
-        return DistributedDataset(lambda: adapter.iterate_batches(dataset), lambda b: b)
+        native = adapter.distribute_dataset_natively(None, dataset, 0, "global_batches", options)
+        if native is not None:
+            return native
+        return DistributedDataset(
+            lambda: adapter.iterate_batches(dataset), lambda b: b, buffer_size=options.experimental_per_replica_buffer_size
+        )
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         from keras_dist._input import InputContext

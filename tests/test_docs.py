@@ -44,6 +44,7 @@ GUIDES = [
     "guides/custom_training_loops.md",
     "guides/multi_worker.md",
     "guides/performance.md",
+    "guides/porting_from_tf_distribute.md",
 ]
 
 _PYTHON_BLOCK = re.compile(r"^```python( tf)?[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)

@@ -5,10 +5,13 @@ initial weights under a strategy, on the same global batches, then compares
 weights (1e-5), evaluate() results (1e-6) and predict() (1e-5).
 """
 
+import keras
 import numpy as np
 import pytest
 
-from _helpers import assert_fit_evaluate_predict_match, assert_same_logs, assert_same_weights, make_data, twin
+import keras_dist
+
+from _helpers import assert_fit_evaluate_predict_match, assert_same_logs, assert_same_weights, make_data, mlp, twin
 
 CASES = {
     # name: (num_samples, global batch size, batch_norm)
@@ -67,3 +70,32 @@ def test_batchnorm_uses_global_batch_statistics(mirrored):
     distributed.train_on_batch(x, y)
     # moving_mean / moving_variance included: they must be the global ones
     assert_same_weights(reference, distributed, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.Adam(0.01)],
+    ids=["sgd", "adam"],
+)
+def test_optimizer_made_outside_the_scope_trains_as_one_device(make_optimizer):
+    """tf.keras 2's pattern: a model made in the scope, compiled outside it
+    with an optimizer made there. keras_dist adopts the unused optimizer
+    (its variables re-made under the strategy) and trains as one device,
+    on batches of 10 over 4 replicas (and a last batch of 3)."""
+    x, y = make_data(43)
+    reference = mlp()
+    reference.compile(optimizer=make_optimizer(), loss="binary_crossentropy")
+    strategy = keras_dist.MirroredStrategy()
+    assert strategy.num_replicas_in_sync == 4
+    with strategy.scope():
+        distributed = mlp()
+    optimizer = make_optimizer()
+    assert not any(strategy.extended.variable_created_in_scope(v) for v in optimizer.variables)
+    distributed.compile(optimizer=optimizer, loss="binary_crossentropy")
+    assert distributed.optimizer is optimizer
+    assert optimizer.variables and all(strategy.extended.variable_created_in_scope(v) for v in optimizer.variables)
+    for model in (reference, distributed):
+        model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    assert_same_weights(reference, distributed, atol=1e-5)
+    assert int(optimizer.iterations.numpy()) == 10
+    assert all(strategy.extended.variable_created_in_scope(v) for v in optimizer.variables)  # slots too

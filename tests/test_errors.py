@@ -49,14 +49,71 @@ def test_variables_created_outside_the_scope(mirrored, data):
     _assert_unchanged(model, snapshot)
 
 
-def test_optimizer_created_outside_the_scope(mirrored):
-    optimizer = keras.optimizers.Adam()
+class _ConfigLacksFoo(keras.optimizers.SGD):
+    """A custom optimizer whose get_config() leaves out its `foo`."""
+
+    def __init__(self, learning_rate=0.1, foo=3, **kwargs):
+        super().__init__(learning_rate, **kwargs)
+        self.foo = foo
+
+
+def _applied_once():
+    optimizer = keras.optimizers.Adam(0.01)
+    variable = keras.Variable(np.zeros((2,), "float32"))
+    optimizer.apply_gradients([(np.ones((2,), "float32"), variable)])
+    return optimizer
+
+
+def _iterations_set():
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.iterations.assign(5)  # e.g. restored from a checkpoint
+    return optimizer
+
+
+def _extra_variable():
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.add_variable((2,), name="extra")
+    return optimizer
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (_applied_once, r"it has been built \(its slot variables exist\)"),
+        (_iterations_set, r"its iterations counter is 5, not 0 \(it has been applied, or restored\)"),
+        (_extra_variable, r"it holds variables its constructor does not make \(sgd\w*/extra\)"),
+        (lambda: _ConfigLacksFoo(0.1, foo=5), r"its get_config\(\) does not give back its 'foo' \(5; re-made: 3\)"),
+    ],
+    ids=["applied", "iterations", "extra_variable", "incomplete_config"],
+)
+def test_used_optimizer_created_outside_the_scope(mirrored, data, make, reason):
+    """An unused optimizer made outside the scope is adopted (tests/test_equivalence.py);
+    one past its initial state is refused, saying why, before anything
+    changes: neither it nor the model; the model then trains with one made
+    in the scope."""
+    x, y = data
+    optimizer = make()
+    before = [(v, np.array(v.numpy())) for v in optimizer.variables]
+    state = dict(vars(optimizer))
     strategy = mirrored(2)
     with strategy.scope():
         model = mlp()
-        with pytest.raises(ValueError, match=r"Optimizer variable .* outside"):
-            model.compile(optimizer=optimizer, loss="mse")
+    weights = model.get_weights()
+    with pytest.raises(ValueError, match=rf"^Optimizer variable .* was created outside the scope of .*cannot be adopted by it: {reason}.*with strategy\.scope\(\)"):
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
     assert not getattr(model, "compiled", False)
+    assert [v for v, _ in before] == optimizer.variables and dict(vars(optimizer)).keys() == state.keys()
+    assert all(vars(optimizer)[name] is value for name, value in state.items())
+    for variable, value in before:
+        np.testing.assert_array_equal(variable.numpy(), value)
+        assert not strategy.extended.variable_created_in_scope(variable)
+    for a, b in zip(weights, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    model.fit(x, y, batch_size=10, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 4
+    assert any(not np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
 
 
 def test_metric_created_outside_the_scope(mirrored):

@@ -67,12 +67,16 @@ def _probe_init(mirrored, tmp_path):
 
 
 def _probe_compile(mirrored, tmp_path):
-    """Compiled outside the scope: the optimizer is still the strategy's."""
+    """Compiled outside the scope: the optimizer is still the strategy's,
+    given by name or made outside the scope, unused (adopted)."""
     strategy = mirrored(2)
-    with strategy.scope():
-        model = mlp()
-    model.compile(optimizer="sgd", loss="mse")
-    return [strategy.extended.variable_created_in_scope(v) for v in model.optimizer.variables]
+    placed = []
+    for optimizer in ("sgd", keras.optimizers.SGD(0.1)):
+        with strategy.scope():
+            model = mlp()
+        model.compile(optimizer=optimizer, loss="mse")
+        placed.append([strategy.extended.variable_created_in_scope(v) for v in model.optimizer.variables])
+    return placed
 
 
 def _entry_probe(name):
@@ -389,6 +393,38 @@ def test_compile_from_config_still_compiles(tmp_path, recwarn):
     clone.compile_from_config(model.get_compile_config())
     assert loaded.compiled and clone.compiled
     assert not [w for w in recwarn if "compile()` was not called" in str(w.message)]
+
+
+def test_compile_adopts_an_unused_optimizer_made_outside_the_scope(mirrored):
+    """The same object, its variables re-made under the strategy (same
+    paths, values carried over), its config and own attributes kept: a
+    learning rate assigned before compile, a schedule (the same object),
+    momentum, exclude_from_weight_decay, an attribute of the user's."""
+    strategy = mirrored(2)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    with_schedule = keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True, weight_decay=0.01)
+    with_schedule.exclude_from_weight_decay(var_names=["bias"])
+    with_schedule.note = "mine"
+    assigned = keras.optimizers.Adam(0.01, beta_1=0.8, clipnorm=1.0)
+    assigned.learning_rate = 0.05
+    for optimizer in (with_schedule, assigned):
+        config, paths = optimizer.get_config(), [v.path for v in optimizer.variables]
+        values = [np.array(v.numpy()) for v in optimizer.variables]
+        with strategy.scope():
+            model = mlp()
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
+        assert model.optimizer is optimizer
+        assert all(strategy.extended.variable_created_in_scope(v) for v in optimizer.variables)
+        assert [v.path for v in optimizer.variables] == paths
+        for variable, value in zip(optimizer.variables, values):
+            np.testing.assert_array_equal(variable.numpy(), value)
+        assert optimizer.get_config() == config
+    assert with_schedule._learning_rate is schedule and with_schedule.note == "mine"
+    assert with_schedule._exclude_from_weight_decay_pattern.pattern == "bias"
+    assert abs(float(assigned.learning_rate.numpy()) - 0.05) < 1e-9
+    x, y = make_data(10)
+    model.fit(x, y, batch_size=10, verbose=0)  # the adopted Adam trains
+    assert int(assigned.iterations.numpy()) == 1
 
 
 def test_model_remembers_its_strategy(mirrored):

@@ -177,3 +177,160 @@ def test_replica_context_devices():
         strategy.run(replica_fn)
         assert sorted(device for devices in seen for device in devices) == sorted(tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)]).extended.worker_devices)
     assert keras_dist.get_replica_context().devices == ("cpu:0",)  # the default context, outside any scope
+
+
+def _global_batches(as_tf_data):
+    x = np.arange(14, dtype="float32").reshape(14, 1)
+    if as_tf_data:
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices((x, 10 * x)).batch(10)
+    return [(x[i : i + 10], 10 * x[i : i + 10]) for i in range(0, 14, 10)]
+
+
+INPUT_KINDS = [
+    pytest.param(False, id="numpy"),
+    pytest.param(True, id="tf.data", marks=pytest.mark.needs_tensorflow),
+]
+
+
+@pytest.mark.parametrize("as_tf_data", INPUT_KINDS)
+def test_distributed_dataset_and_iterator_api(as_tf_data):
+    strategy = _strategy()
+    dataset = strategy.experimental_distribute_dataset(_global_batches(as_tf_data))
+    assert isinstance(dataset, keras_dist.DistributedDataset)
+    x_spec, y_spec = dataset.element_spec
+    if hasattr(x_spec, "_component_specs"):  # tf.data on TensorFlow: tf's own PerReplicaSpec
+        x_spec = x_spec._component_specs[0]
+    assert tuple(x_spec.shape)[1:] == (1,) and "float32" in str(x_spec.dtype)
+
+    iterator = iter(dataset)
+    assert isinstance(iterator, keras_dist.DistributedIterator)
+    first = iterator.get_next()
+    assert [np.asarray(v).ravel().tolist() for v in _local(strategy, first[0])] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    second = iterator.get_next_as_optional()
+    assert bool(second.has_value())
+    assert [np.asarray(v).ravel().tolist() for v in _local(strategy, second.get_value()[0])] == [[10], [11], [12], [13]]
+    assert not bool(iterator.get_next_as_optional().has_value())
+
+    def add(state, element):
+        sums = strategy.run(lambda x, y: keras.ops.sum(y), args=element)
+        return state + strategy.reduce("SUM", sums, axis=None)
+
+    assert float(np.asarray(dataset.reduce(np.float32(0.0), add))) == 10 * sum(range(14))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function: the TensorFlow backend")
+def test_iterating_inside_a_tf_function():
+    """tensorflow.org tutorials/distribute/custom_training, 'Iterating inside
+    a tf.function', ported by renaming (it raised TypeError: int() ... None)."""
+    import tensorflow as tf
+
+    strategy = _strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+    loss_object = keras.losses.MeanSquaredError(reduction="none")
+    dist_dataset = strategy.experimental_distribute_dataset(_global_batches(True))
+
+    def train_step(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            loss = keras_dist.compute_average_loss(loss_object(labels, model(features, training=True)), global_batch_size=10)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def distributed_train_epoch(dataset):
+        total_loss = 0.0
+        num_batches = 0
+        for x in dataset:
+            per_replica_losses = strategy.run(train_step, args=(x,))
+            total_loss += strategy.reduce(keras_dist.ReduceOp.SUM, per_replica_losses, axis=None)
+            num_batches += 1
+        return total_loss / tf.cast(num_batches, dtype=tf.float32)
+
+    loss = float(distributed_train_epoch(dist_dataset))
+    assert np.isfinite(loss) and int(optimizer.iterations.numpy()) == 2
+
+
+class _CountingBatches:
+    """A dataset of global batches that counts the batches read from it."""
+
+    def __init__(self, count):
+        self.count, self.read = count, 0
+
+    def __iter__(self):
+        for i in range(self.count):
+            self.read += 1
+            yield np.full((4, 1), i, "float32")
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_input_options_buffer_size_prepares_elements_ahead(size):
+    strategy = _strategy()
+    source = _CountingBatches(5)
+    options = keras_dist.InputOptions(experimental_per_replica_buffer_size=size)
+    iterator = iter(strategy.experimental_distribute_dataset(source, options=options))
+    first = next(iterator)
+    assert source.read == size  # this element and the next size - 1 are ready
+    assert [float(np.asarray(v).ravel()[0]) for v in _local(strategy, first)] == [0.0] * 4
+    assert len([first, *iterator]) == 5
+
+
+def _per_replica_fn(as_tf_data):
+    def dataset_fn(context):
+        assert context.num_input_pipelines == 4 and context.num_replicas_in_sync == 4
+        rows = np.full((2 * 3, 1), context.input_pipeline_id, "float32")
+        if as_tf_data:
+            import tensorflow as tf
+
+            return tf.data.Dataset.from_tensor_slices(rows).batch(2)
+        return [rows[i : i + 2] for i in range(0, 6, 2)]
+
+    return dataset_fn
+
+
+@pytest.mark.parametrize("as_tf_data", INPUT_KINDS)
+def test_input_options_per_replica_pipelines(as_tf_data):
+    """PER_REPLICA: dataset_fn is called once per replica; each replica
+    reads its own pipeline."""
+    strategy = _strategy()
+    options = keras_dist.InputOptions(experimental_replication_mode=keras_dist.InputReplicationMode.PER_REPLICA)
+    steps = list(strategy.distribute_datasets_from_function(_per_replica_fn(as_tf_data), options=options))
+    assert len(steps) == 3
+    for step in steps:
+        assert [np.asarray(v).ravel().tolist() for v in _local(strategy, step)] == [[r, r] for r in range(4)]
+
+
+def test_input_options_combinations_are_checked():
+    modes = keras_dist.InputReplicationMode
+    with pytest.raises(ValueError, match="needs experimental_replication_mode"):
+        keras_dist.InputOptions(experimental_place_dataset_on_device=True)
+    with pytest.raises(ValueError, match="cannot both be True"):
+        keras_dist.InputOptions(
+            experimental_place_dataset_on_device=True, experimental_fetch_to_device=True,
+            experimental_replication_mode=modes.PER_REPLICA,
+        )
+    with pytest.raises(ValueError, match="positive integer"):
+        keras_dist.InputOptions(experimental_per_replica_buffer_size=0)
+    strategy = _strategy()
+    with pytest.raises(ValueError, match="only supported by"):
+        strategy.experimental_distribute_dataset(
+            _global_batches(False), keras_dist.InputOptions(experimental_replication_mode=modes.PER_REPLICA)
+        )
+    on_device = keras_dist.InputOptions(
+        experimental_place_dataset_on_device=True, experimental_replication_mode=modes.PER_REPLICA
+    )
+    with pytest.raises(NotImplementedError, match="runs on the host"):
+        strategy.distribute_datasets_from_function(_per_replica_fn(False), options=on_device)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.data input on TensorFlow: tf carries the options out")
+def test_tf_data_keeps_elements_off_the_devices_when_asked():
+    strategy = _strategy()
+    for fetch, expected in ((True, ["CPU:0", "CPU:1", "CPU:2", "CPU:3"]), (False, ["CPU:0"] * 4)):
+        options = keras_dist.InputOptions(experimental_fetch_to_device=fetch)
+        x, _ = next(iter(strategy.experimental_distribute_dataset(_global_batches(True), options)))
+        assert [component.device[-5:] for component in strategy.experimental_local_results(x)] == expected

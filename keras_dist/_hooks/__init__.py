@@ -7,7 +7,8 @@ plain Keras. When a Keras upgrade moves one of these names, `install()`
 fails here, loudly, naming it. `HOOKS` below is the one list: `install()`,
 this docstring's table and the hooks test all read it. The modules, by
 concern: `_patching` (mechanics), `_entry` (scope and entry checks),
-`_files` (checkpoints, chief-only files), `_losses` (loss scaling,
+`_optimizers` (`compile` adopts an unused optimizer made outside the
+scope), `_files` (checkpoints, chief-only files), `_losses` (loss scaling,
 BatchNorm moments), `_steps` (the distributed steps, from the backend
 adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
@@ -39,8 +40,8 @@ HOOKS: tuple = (
     Hook(
         f"{_TRAINER}.compile",
         _entry.wrap_compile,
-        purpose="compile under the model's strategy (on Trainer: Keras skips "
-        "compile_from_config when `compile` is overridden)",
+        purpose="compile under the model's strategy, adopting an unused optimizer made "
+        "outside the scope (on Trainer: Keras skips compile_from_config when `compile` is overridden)",
     ),
     *(
         Hook(f"{_MODEL}.{name}", _entry.wrap_entry(name), purpose="check, then run in the model's scope")

@@ -1,6 +1,7 @@
 """Scope and entry checks: a model remembers the strategy it was created
 under; `compile`, `fit`, `evaluate`, `predict` and `*_on_batch` check it and
-run inside that strategy's scope."""
+run inside that strategy's scope (`compile` adopts an unused optimizer made
+outside it: `_optimizers`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import keras
 
 from keras_dist import _context
 from keras_dist._communication import PeerWorkerError
-from keras_dist._hooks import _files
+from keras_dist._hooks import _files, _optimizers
 from keras_dist._hooks._patching import model_strategy, remember_strategy
 from keras_dist._input import check_auto_shard_policy, check_batched
 from keras_dist._split import validate_batch_size
@@ -91,13 +92,16 @@ def wrap_compile(original):
                 "default) or more."
             )
         optimizer = bound.get("optimizer")
-        if isinstance(optimizer, keras.optimizers.Optimizer):
-            _check_variables(strategy, optimizer.variables, "Optimizer")
+        adopt = None
+        if isinstance(optimizer, keras.optimizers.Optimizer):  # made outside the scope: adopted if unused
+            adopt = _optimizers.prepare_adoption(strategy, optimizer)
         for argument in ("metrics", "weighted_metrics"):
             for metric in keras.tree.flatten(bound.get(argument)):
                 if isinstance(metric, keras.metrics.Metric):
                     _check_variables(strategy, metric.variables, "Metric")
         with strategy.scope():
+            if adopt is not None:  # every check passed: nothing changed before this
+                adopt()
             return original(self, *args, **kwargs)
 
     return compile

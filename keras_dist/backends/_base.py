@@ -86,6 +86,15 @@ class BackendAdapter(abc.ABC):
         every worker: a collective, so every worker calls it at the same
         point. Unchanged outside a multi-process job."""
 
+    @abc.abstractmethod
+    def values_from_every_worker(self, values: list) -> list:
+        """Every worker's values of these host values (numbers, NumPy
+        arrays of one shape and dtype on every worker; 32-bit dtypes travel
+        exactly on every backend), stacked in worker order along a new
+        first axis, on every worker: an all-gather over the job, so every
+        worker calls it at the same point. Outside a multi-process job,
+        each value with a first axis of length 1."""
+
     # -- input -------------------------------------------------------------
 
     @abc.abstractmethod
@@ -95,6 +104,18 @@ class BackendAdapter(abc.ABC):
     @abc.abstractmethod
     def split_global_batch(self, engine: Any, batch: Any) -> Any:
         """One global batch -> per-replica values (contiguous shards)."""
+
+    @abc.abstractmethod
+    def distribute_dataset_natively(self, engine: Any, dataset: Any, first_replica: int, kind: str, options: Any) -> Any:
+        """The engine's own distributed dataset where it has one
+        (TensorFlow, tf.data: iterable inside `tf.function`), carrying out
+        the `keras_dist.InputOptions` `options` for the replicas from
+        `first_replica` on; None where the backend has none. `kind`:
+        "global_batches" (`dataset`'s batches cut into keras_dist's
+        contiguous shards), "per_replica_batches" (one element per replica
+        in turn) or "per_replica_pipelines" (`dataset` is a list, one
+        dataset per replica: `InputReplicationMode.PER_REPLICA`).
+        `engine` None: the default strategy (one replica, no splitting)."""
 
     @abc.abstractmethod
     def combine_replica_batches(self, engine: Any, batches: list) -> Any:
@@ -158,6 +179,16 @@ class BackendAdapter(abc.ABC):
     def time_all_reduce(self, engine: Any, shapes_and_dtypes: list, repeats: int = 5) -> float:
         """Median seconds to all-reduce buffers of these shapes (a
         collective: every worker calls it)."""
+
+    # -- the backend library's own objects (ported code) ---------------------
+
+    @abc.abstractmethod
+    def from_backend_object(self, value: Any, kind: str) -> Any:
+        """keras_dist's own object of `kind` (a key of `keras_dist._foreign.KINDS`:
+        "reduce_op", "cross_device_ops", ...) for `value`, an object of the
+        backend's library that `keras_dist._foreign.accept` found (TensorFlow:
+        tf.distribute's `ReduceOp`, `tf.train.ClusterSpec`, ...); None where
+        there is none (the core then raises, naming the keras_dist spelling)."""
 
 
 def required_methods() -> dict[str, inspect.Signature]:

@@ -8,8 +8,13 @@ resolver = TFConfigClusterResolver()   # reads TF_CONFIG when asked
 resolver.cluster_spec(), resolver.task_type, resolver.task_id
 resolver.num_workers, resolver.is_chief, resolver.worker_index
 ```
+
+`KubernetesClusterResolver` and `GCEClusterResolver` list the machines through
+the `kubernetes` / `googleapiclient` package, imported only when no client of
+your own (`override_client=`, `service=`) is given.
 """
 
+from keras_dist.cluster_resolver._cloud import GCEClusterResolver, KubernetesClusterResolver
 from keras_dist.cluster_resolver._cluster_spec import ClusterSpec
 from keras_dist.cluster_resolver._resolvers import (
     ClusterResolver,
@@ -18,12 +23,16 @@ from keras_dist.cluster_resolver._resolvers import (
 )
 from keras_dist.cluster_resolver._slurm import SlurmClusterResolver
 from keras_dist.cluster_resolver._tpu import TPUClusterResolver
+from keras_dist.cluster_resolver._union import UnionResolver
 
 __all__ = [
     "ClusterResolver",
     "ClusterSpec",
+    "GCEClusterResolver",
+    "KubernetesClusterResolver",
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
     "TPUClusterResolver",
+    "UnionResolver",
 ]

@@ -1,19 +1,31 @@
 """`ClusterSpec`: which tasks make up a cluster, with `tf.train.ClusterSpec`'s API.
 
-Standard library only: no backend is imported here.
+Standard library only: no backend is imported here, nor the rest of
+keras_dist (which lends `accept_foreign` for TensorFlow's objects).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 # TensorFlow's device-name grammar for a job: "/job:<name>".
 _JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _DIGITS = re.compile(r"[0-9]+\Z")
 
 ClusterDict = Mapping[str, Any]
+
+#: `keras_dist._foreign.accept`, lent by keras_dist when it is imported (this
+#: package imports nothing of keras_dist's): a TensorFlow object where a
+#: cluster spec is taken (ported code) becomes keras_dist's, or one error
+#: names keras_dist's spelling. None (this package alone): values go as they are.
+accept_foreign: Optional[Callable[[Any, str], Any]] = None
+
+
+def take_foreign(value: Any, kind: str) -> Any:
+    """`value` through `accept_foreign` where keras_dist lent it."""
+    return value if accept_foreign is None else accept_foreign(value, kind)
 
 
 def _key(key: Any) -> str:
@@ -128,7 +140,8 @@ class ClusterSpec:
 
     Same names and semantics as `tf.train.ClusterSpec`. Built from a dict of
     job name to a list of addresses (task `i` is the i-th address), to a
-    dict `{task_index: address}` (a sparse job), or from another ClusterSpec.
+    dict `{task_index: address}` (a sparse job), or from another ClusterSpec
+    (on the TensorFlow backend, also a `tf.train.ClusterSpec`).
 
     >>> spec = ClusterSpec({"worker": ["host1:2222", "host2:2222"],
     ...                     "ps": {0: "host3:2222", 2: "host4:2222"}})
@@ -143,6 +156,7 @@ class ClusterSpec:
     """
 
     def __init__(self, cluster: Union["ClusterSpec", ClusterDict]):
+        cluster = take_foreign(cluster, "cluster_spec")  # TensorFlow: a tf.train.ClusterSpec
         if isinstance(cluster, ClusterSpec):
             self._cluster = {job: dict(tasks) for job, tasks in cluster._cluster.items()}
         else:

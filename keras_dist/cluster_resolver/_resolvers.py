@@ -16,6 +16,7 @@ from keras_dist.cluster_resolver._cluster_spec import (
     _describe,
     _key,
     normalize_cluster,
+    take_foreign,
 )
 
 TF_CONFIG = "TF_CONFIG"
@@ -209,6 +210,7 @@ class SimpleClusterResolver(ClusterResolver):
         num_accelerators: Optional[Mapping[str, int]] = None,
         rpc_layer: Optional[str] = None,
     ):
+        cluster_spec = take_foreign(cluster_spec, "cluster_spec")  # TensorFlow: a tf.train.ClusterSpec
         if not isinstance(cluster_spec, (ClusterSpec, Mapping)):
             raise TypeError(
                 f"cluster_spec must be a ClusterSpec or a dict, got {_describe(cluster_spec)}"

@@ -14,11 +14,22 @@ def check_cluster_to_join(resolver: Any) -> None:
     """Raises ValueError naming the fix when `resolver` describes a job of
     several workers that this process cannot join: no task for this
     process, a task that is not a worker, two tasks at one address, or a
-    port that is not a number in 1..65535."""
+    port that is not a number in 1..65535; or a cluster without a chief or
+    worker task (e.g. a resolver that lists machines found none running)."""
     spec = resolver.cluster_spec()
-    if not spec or resolver.num_workers <= 1:
+    if not spec:
         return
     workers = _worker_tasks(spec)
+    if not workers:
+        jobs = ", ".join(f"{job} ({spec.num_tasks(job)} task(s))" for job in spec.jobs)
+        raise ValueError(
+            f"The cluster has no chief or worker task (its jobs: {jobs}), so there is "
+            "no worker to run on. If a resolver lists the machines (Kubernetes pods, "
+            "a Compute Engine instance group), none was found running: start them "
+            "first, and check its label selectors or instance group."
+        )
+    if len(workers) <= 1:
+        return
     if resolver.task_type is None or resolver.task_id is None:
         raise ValueError(
             f"The cluster has {len(workers)} worker tasks but this process's task "

@@ -26,6 +26,8 @@ _NAMES = (
 
 #: Names only tf.distribute.experimental has -> the module that defines them.
 _OWN = {
+    "PreemptionCheckpointHandler": "keras_dist._preemption",
+    "TerminationConfig": "keras_dist._preemption",
     "ValueContext": "keras_dist._input",
 }
 

@@ -38,7 +38,10 @@ def make():  # deliberately unseeded: workers start from different weights
     return keras.Sequential(
         [
             keras.Input((8,)),
-            keras.layers.Dense(16, activation="relu", kernel_regularizer="l2"),
+            # swish, not relu: the weights start unseeded, and where round-off
+            # moves an input across relu's kink the gradient jumps (0 -> 1),
+            # past float32 round-off; a smooth activation keeps it round-off.
+            keras.layers.Dense(16, activation="swish", kernel_regularizer="l2"),
             keras.layers.BatchNormalization(),
             keras.layers.Dense(1, activation="sigmoid"),
         ]

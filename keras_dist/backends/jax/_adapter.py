@@ -12,6 +12,12 @@ from keras_dist.backends._base import BackendAdapter
 from keras_dist.backends.jax import _cluster, _engine, _replica, _replica_step, _step, _time
 
 
+def _no_backend_objects(value, kind):
+    """None: keras_dist takes no object of JAX's own in place of its own (a
+    TensorFlow object then gets the core's error naming the keras_dist one)."""
+    return None
+
+
 class JaxAdapter(BackendAdapter):
     name = "jax"
     # devices and placement
@@ -28,10 +34,12 @@ class JaxAdapter(BackendAdapter):
     is_multi_process = staticmethod(_cluster.is_multi_process)
     is_peer_failure = staticmethod(_cluster.is_peer_failure)
     values_from_chief = staticmethod(_cluster.values_from_chief)
+    values_from_every_worker = staticmethod(_cluster.values_from_every_worker)
     # input
     iterate_batches = staticmethod(_replica.iterate_batches)
     split_global_batch = staticmethod(_replica.split_global_batch)
     combine_replica_batches = staticmethod(_replica.combine_replica_batches)
+    distribute_dataset_natively = staticmethod(_replica.distribute_dataset_natively)
     # custom loops
     distribute_values = staticmethod(_replica.distribute_values)
     run = staticmethod(_replica.run)
@@ -46,3 +54,5 @@ class JaxAdapter(BackendAdapter):
     global_moments = staticmethod(_replica_step.global_moments)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
+    # the backend library's own objects
+    from_backend_object = staticmethod(_no_backend_objects)

@@ -118,6 +118,19 @@ def values_from_chief(values):
     return values
 
 
+def values_from_every_worker(values):
+    """Every worker's host `values`, stacked in worker (process) order
+    along a new first axis, on every worker: one all-gather of all of them
+    over the job (`multihost_utils.process_allgather`). Outside a
+    multi-process job, each value with a first axis of length 1."""
+    values = [np.asarray(v) for v in values]
+    if not is_multi_process() or not values:
+        return [v[None] for v in values]
+    from jax.experimental import multihost_utils
+
+    return [np.asarray(v) for v in multihost_utils.process_allgather(values)]
+
+
 def initialize_tpu_system(resolver) -> None:
     """A multi-host TPU slice: joins it with `jax.distributed.initialize()`,
     which detects the slice's hosts itself (once; before any computation).

@@ -3,13 +3,14 @@
 
 Each method is a function of the module that owns the concern: `_engine`
 (tf.distribute strategies, devices, joining a job), `_replica` (custom
-loops), `_step` (fit's steps), `_time` (timing a collective).
+loops), `_step` (fit's steps), `_time` (timing a collective), `_foreign`
+(tf.distribute's own objects, as keras_dist's).
 """
 
 from __future__ import annotations
 
 from keras_dist.backends._base import BackendAdapter
-from keras_dist.backends.tensorflow import _engine, _replica, _step, _time
+from keras_dist.backends.tensorflow import _engine, _foreign, _replica, _step, _time
 
 
 class TensorFlowAdapter(BackendAdapter):
@@ -28,10 +29,12 @@ class TensorFlowAdapter(BackendAdapter):
     is_multi_process = staticmethod(_engine.is_multi_process)
     is_peer_failure = staticmethod(_engine.is_peer_failure)
     values_from_chief = staticmethod(_engine.values_from_chief)
+    values_from_every_worker = staticmethod(_engine.values_from_every_worker)
     # input
     iterate_batches = staticmethod(_replica.iterate_batches)
     split_global_batch = staticmethod(_replica.split_global_batch)
     combine_replica_batches = staticmethod(_replica.combine_replica_batches)
+    distribute_dataset_natively = staticmethod(_replica.distribute_dataset_natively)
     # custom loops
     distribute_values = staticmethod(_replica.distribute_values)
     run = staticmethod(_replica.run)
@@ -46,3 +49,5 @@ class TensorFlowAdapter(BackendAdapter):
     global_moments = staticmethod(_step.global_moments)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
+    # the backend library's own objects
+    from_backend_object = staticmethod(_foreign.from_backend_object)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
@@ -471,3 +472,51 @@ def values_from_chief(values):
 
     summed = engine.run(replica, args=tuple(tensors))
     return [engine.experimental_local_results(value)[0].numpy() for value in summed]
+
+
+#: engine -> its tf.function gathering every worker's values (traced once
+#: per signature).
+_gather_functions: dict = {}
+
+
+def _gather_function(engine):
+    function = _gather_functions.get(id(engine))
+    if function is not None:
+        return function
+    workers = engine.extended._num_workers
+    local = len(engine.extended.worker_devices)
+
+    def replica(*parts):
+        # Replica r of the group is local replica r % local of worker
+        # r // local (tf numbers them so); the first local replica of each
+        # worker puts its values in the worker's row of zeros, and the sum
+        # over all replicas stacks the workers' rows (exact: x + 0 = x).
+        context = tf.distribute.get_replica_context()
+        replica_id = tf.cast(context.replica_id_in_sync_group, tf.int32)
+        first = tf.equal(replica_id % local, 0)
+        rows = []
+        for part in parts:
+            row = tf.scatter_nd([[replica_id // local]], part[tf.newaxis], tf.concat([[workers], tf.shape(part)], 0))
+            rows.append(tf.where(first, row, tf.zeros_like(row)))
+        # one all-reduce each: tf packs a list into one tensor of one dtype
+        return [context.all_reduce(tf.distribute.ReduceOp.SUM, row) for row in rows]
+
+    @tf.function(reduce_retracing=True)
+    def gather(*tensors):
+        return engine.run(replica, args=tensors)
+
+    _gather_functions[id(engine)] = gather
+    return gather
+
+
+def values_from_every_worker(values):
+    """Every worker's host `values`, stacked in worker order along a new
+    first axis, on every worker: one all-reduce of the engine's (tf's
+    collective ops) over zeros holding each worker's values in its row.
+    Outside a job, each value with a first axis of length 1."""
+    values = [np.asarray(v) for v in values]
+    engine = _multi_worker["engine"]
+    if engine is None or not values:
+        return [v[None] for v in values]
+    stacked = _gather_function(engine)(*[tf.convert_to_tensor(v) for v in values])
+    return [engine.experimental_local_results(value)[0].numpy() for value in stacked]

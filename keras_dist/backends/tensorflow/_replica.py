@@ -14,6 +14,7 @@ from tensorflow.python.distribute import values as tf_values
 from keras_dist import _context
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_bounds
+from keras_dist._input import DistributedDataset, DistributedIterator
 from keras_dist._values import DistributedValues, Mirrored, PerReplica
 
 DistributedValues.register(tf.distribute.DistributedValues)
@@ -154,3 +155,59 @@ def distribute_values(engine, values):
     return engine.experimental_distribute_values_from_function(
         lambda context: tf.nest.map_structure(tf.convert_to_tensor, values[context.replica_id_in_sync_group])
     )
+
+
+DistributedDataset.register(tf.distribute.DistributedDataset)
+DistributedIterator.register(tf.distribute.DistributedIterator)
+
+
+def _tf_input_options(options):
+    return tf.distribute.InputOptions(
+        experimental_fetch_to_device=options.experimental_fetch_to_device,
+        experimental_replication_mode=tf.distribute.InputReplicationMode[options.experimental_replication_mode.value],
+        experimental_place_dataset_on_device=options.experimental_place_dataset_on_device,
+        experimental_per_replica_buffer_size=options.experimental_per_replica_buffer_size,
+    )
+
+
+def distribute_dataset_natively(engine, dataset, first_replica, kind, options):
+    """tf.data input -> tf's own distributed dataset, which autograph
+    iterates inside `tf.function` (a Python loop over keras_dist's would
+    read the batch size of a graph tensor, None), with the options carried
+    out by tf. Each global batch is cut into the same contiguous shards as
+    `split_global_batch`, one per replica of this worker, handed to the
+    replicas in turn by `distribute_datasets_from_function`; other input:
+    None."""
+    if engine is None:  # the default strategy: tf.data as it is, as tf's own does
+        return dataset if isinstance(dataset, tf.data.Dataset) else None
+    tf_options = _tf_input_options(options)
+    if kind == "per_replica_pipelines":  # PER_REPLICA: one dataset per replica
+        if not all(isinstance(d, tf.data.Dataset) for d in dataset):
+            return None
+        return engine.distribute_datasets_from_function(
+            lambda context: dataset[context.input_pipeline_id], options=tf_options
+        )
+    if not isinstance(dataset, tf.data.Dataset):
+        return None
+    if kind == "per_replica_batches":
+        return engine.distribute_datasets_from_function(lambda context: dataset, options=tf_options)
+    num_total = engine.num_replicas_in_sync
+    num_local = len(engine.extended.worker_devices)
+    is_tuple = isinstance(dataset.element_spec, tuple)
+
+    def shards(*element):
+        element = element if is_tuple else element[0]
+        arrays = [x for x in tf.nest.flatten(element) if x is not None]
+        rows = tf.shape(arrays[0], out_type=tf.int64)[0]
+        base, extra = rows // num_total, rows % num_total
+
+        def shard(local):
+            replica = local + first_replica
+            start = replica * base + tf.minimum(replica, extra)
+            size = base + tf.cast(replica < extra, tf.int64)
+            return tf.nest.map_structure(lambda x: x[start : start + size], element)
+
+        return tf.data.Dataset.range(num_local).map(shard)
+
+    sharded = dataset.flat_map(shards)
+    return engine.distribute_datasets_from_function(lambda context: sharded, options=tf_options)

@@ -21,8 +21,10 @@ def initialize_tpu_system(cluster_resolver: Any = None) -> None:
     ```
     """
     import keras_dist  # noqa: F401  (installs the hooks, loads the backend)
+    from keras_dist import _foreign
     from keras_dist.backends import get_adapter
     from keras_dist.cluster_resolver import TPUClusterResolver
 
-    resolver = cluster_resolver if cluster_resolver is not None else TPUClusterResolver()
+    resolver = _foreign.accept(cluster_resolver, "cluster_resolver")  # TensorFlow: tf's own too
+    resolver = resolver if resolver is not None else TPUClusterResolver()
     get_adapter().initialize_tpu_system(resolver)

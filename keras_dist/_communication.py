@@ -187,3 +187,68 @@ class CommunicationOptions:
                 "implementation must be a keras_dist.CommunicationImplementation, "
                 f"got {self.implementation!r}."
             )
+
+
+def CollectiveHints(bytes_per_pack: int = 0, timeout_seconds: Optional[float] = None) -> CommunicationOptions:
+    """tf.distribute.experimental's deprecated `CollectiveHints`: as in tf,
+    it makes a `CommunicationOptions` with the same two fields (warns).
+
+    ```python
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        hints = keras_dist.experimental.CollectiveHints(timeout_seconds=30)
+    assert hints == keras_dist.CommunicationOptions(timeout_seconds=30)
+    ```
+    """
+    import warnings
+
+    warnings.warn(
+        "CollectiveHints is deprecated (as in tf.distribute): use "
+        "keras_dist.CommunicationOptions(bytes_per_pack=..., timeout_seconds=...).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return CommunicationOptions(bytes_per_pack=bytes_per_pack, timeout_seconds=timeout_seconds)
+
+
+def call_options(strategy, options, where: str, engine_applies_them: bool = False) -> Optional[CommunicationOptions]:
+    """The `options=` of one collective call (`ReplicaContext.all_reduce`,
+    `StrategyExtended.reduce_to`), checked: a `CommunicationOptions` (or, on
+    TensorFlow, tf's), or None.
+
+    With `engine_applies_them` (tf's `ReplicaContext.all_reduce` takes them
+    per call) any options are returned for the engine. Otherwise a call's
+    collectives are those of the strategy, compiled with the rest of the step
+    on JAX, so the options may ask only for what the strategy already does:
+    each field at its default or equal to the strategy's
+    `communication_options`; a timeout is accepted in a one-process job (no
+    peer to wait for). Anything else raises, naming the strategy's option.
+    """
+    if options is None:
+        return None
+    options = _foreign.accept(options, "communication_options")
+    if not isinstance(options, CommunicationOptions):
+        raise TypeError(
+            f"{where}(options=...) takes a keras_dist.CommunicationOptions (or None), got {options!r}."
+        )
+    if engine_applies_them:
+        return options
+    own = strategy.extended.communication_options or CommunicationOptions()
+    one_process = strategy.extended.num_workers <= 1
+    asked = {
+        "bytes_per_pack": options.bytes_per_pack not in (0, own.bytes_per_pack),
+        "timeout_seconds": not one_process and options.timeout_seconds not in (None, own.timeout_seconds),
+        "implementation": options.implementation not in (CommunicationImplementation.AUTO, own.implementation),
+    }
+    differing = [name for name, differs in asked.items() if differs]
+    if differing:
+        raise NotImplementedError(
+            f"{where}(options=...) asks for {', '.join(differing)} other than the "
+            f"strategy's ({own}); this call's collectives are the strategy's, "
+            "compiled with the rest of the step, so they cannot differ per call. "
+            "Set them on the strategy (MultiWorkerMirroredStrategy("
+            "communication_options=keras_dist.CommunicationOptions(...))) or "
+            "leave these fields at their defaults."
+        )
+    return options

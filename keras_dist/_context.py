@@ -45,9 +45,19 @@ class ReplicaContext:
         self._replica_id = replica_id_in_sync_group
         self._ops = ops or LocalReplicaOps()
 
-    def all_reduce(self, reduce_op, value):
-        """Sum or mean of `value` (a tensor or nest of them) over replicas."""
-        return self._ops.all_reduce(ReduceOp.from_value(reduce_op), value)
+    def all_reduce(self, reduce_op, value, options=None):
+        """Sum or mean of `value` (a tensor or nest of them) over replicas.
+
+        `options`: a `CommunicationOptions` for this call. TensorFlow applies
+        them per call (tf's own `all_reduce`); on JAX the step's collectives
+        are compiled together, so they may only repeat the strategy's
+        (defaults count as no request), else `NotImplementedError`.
+        """
+        from keras_dist._communication import call_options
+
+        op = ReduceOp.from_value(reduce_op)
+        options = call_options(self._strategy, options, "ReplicaContext.all_reduce", self._ops.applies_call_options)
+        return self._ops.all_reduce(op, value, options)
 
     def all_gather(self, value, axis: int):
         """Concatenation of every replica's `value` along `axis`."""

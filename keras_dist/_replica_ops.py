@@ -14,9 +14,14 @@ from typing import Any
 class ReplicaOps(abc.ABC):
     """Collectives of one replica group (see `keras_dist.ReplicaContext`)."""
 
+    #: True where the engine takes `CommunicationOptions` per `all_reduce`
+    #: call; else a call's options may only repeat the strategy's.
+    applies_call_options: bool = False
+
     @abc.abstractmethod
-    def all_reduce(self, reduce_op: Any, value: Any) -> Any:
-        """Sum or mean (a `ReduceOp`) of `value`, a nest of tensors, over replicas."""
+    def all_reduce(self, reduce_op: Any, value: Any, options: Any = None) -> Any:
+        """Sum or mean (a `ReduceOp`) of `value`, a nest of tensors, over
+        replicas; `options`: a checked `CommunicationOptions` or None."""
 
     @abc.abstractmethod
     def all_gather(self, value: Any, axis: int) -> Any:
@@ -45,7 +50,7 @@ class ReplicaOps(abc.ABC):
 class LocalReplicaOps(ReplicaOps):
     """The collectives of a group of one replica: identities."""
 
-    def all_reduce(self, reduce_op, value):
+    def all_reduce(self, reduce_op, value, options=None):
         return value
 
     def all_gather(self, value, axis):

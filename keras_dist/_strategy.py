@@ -92,13 +92,10 @@ class StrategyExtended:
         (a device of this strategy, a variable or a distributed value). The
         result is available on every replica's device, which includes any
         destination (tf places it on the destinations only)."""
+        from keras_dist._communication import call_options
+
         self._check_destinations("reduce_to", destinations)
-        if options is not None:
-            raise NotImplementedError(
-                "strategy.extended.reduce_to(options=...): keras_dist takes "
-                "communication options on the strategy (communication_options=); "
-                "pass options=None."
-            )
+        call_options(self._strategy, options, "strategy.extended.reduce_to")
         return self._strategy.reduce(reduce_op, value, axis=None)
 
     def batch_reduce_to(self, reduce_op, value_destination_pairs, options: Any = None):

@@ -136,8 +136,14 @@ def test_extended_cross_replica_methods():
     assert [float(np.asarray(p)) for p in pairs] == [10.0, 10.0]
     with pytest.raises(ValueError, match="not a device"):
         strategy.extended.reduce_to("SUM", per_replica, "cpu:7")
-    with pytest.raises(NotImplementedError, match="options=None"):
-        strategy.extended.reduce_to("SUM", per_replica, v, options=keras_dist.CommunicationOptions())
+    # options asking for nothing beyond the strategy's are taken; a timeout
+    # too in one process (no peer to wait for); a pack size is not.
+    for options in [keras_dist.CommunicationOptions(), keras_dist.CommunicationOptions(timeout_seconds=5)]:
+        assert float(np.asarray(strategy.extended.reduce_to("SUM", per_replica, v, options=options))) == 10.0
+    with pytest.raises(NotImplementedError, match="bytes_per_pack other than the strategy's"):
+        strategy.extended.batch_reduce_to("SUM", [(per_replica, v)], options=keras_dist.CommunicationOptions(bytes_per_pack=1024))
+    with pytest.raises(TypeError, match="takes a keras_dist.CommunicationOptions"):
+        strategy.extended.reduce_to("SUM", per_replica, v, options={"timeout_seconds": 5})
 
     strategy.extended.update(v, lambda var, x: var.assign(x * 3.0), args=(2.0,))
     assert float(v.numpy()) == 6.0
@@ -334,3 +340,35 @@ def test_tf_data_keeps_elements_off_the_devices_when_asked():
         options = keras_dist.InputOptions(experimental_fetch_to_device=fetch)
         x, _ = next(iter(strategy.experimental_distribute_dataset(_global_batches(True), options)))
         assert [component.device[-5:] for component in strategy.experimental_local_results(x)] == expected
+
+
+def test_all_reduce_options_per_call():
+    """tf's `ReplicaContext.all_reduce(..., options=)`: TensorFlow applies them
+    per call (tf's own all_reduce); on JAX the step's collectives are
+    compiled together, so options may only repeat the strategy's."""
+    strategy = _strategy()
+
+    def step(options):
+        return lambda: keras_dist.get_replica_context().all_reduce("SUM", _replica_value(), options=options)
+
+    default = keras_dist.CommunicationOptions()
+    assert [float(x) for x in _local(strategy, strategy.run(step(default)))] == [10.0] * 4
+    packed = keras_dist.CommunicationOptions(bytes_per_pack=1024, implementation=keras_dist.CommunicationImplementation.RING)
+    if BACKEND == "tensorflow":
+        assert [float(x) for x in _local(strategy, strategy.run(step(packed)))] == [10.0] * 4
+        import tensorflow as tf  # tf's own options, as ported code holds them
+
+        tf_options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=64)
+        assert [float(x) for x in _local(strategy, strategy.run(step(tf_options)))] == [10.0] * 4
+    else:
+        with pytest.raises(NotImplementedError, match="Set them on the strategy"):
+            strategy.run(step(packed))
+    with pytest.raises(TypeError, match="takes a keras_dist.CommunicationOptions"):
+        strategy.run(step("RING"))
+
+
+def test_collective_hints_make_communication_options():
+    with pytest.warns(DeprecationWarning, match="use keras_dist.CommunicationOptions"):
+        hints = keras_dist.experimental.CollectiveHints(bytes_per_pack=32, timeout_seconds=10)
+    assert hints == keras_dist.CommunicationOptions(bytes_per_pack=32, timeout_seconds=10)
+    assert "CollectiveHints" in keras_dist.experimental.__all__

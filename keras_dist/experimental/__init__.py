@@ -26,6 +26,7 @@ _NAMES = (
 
 #: Names only tf.distribute.experimental has -> the module that defines them.
 _OWN = {
+    "CollectiveHints": "keras_dist._communication",
     "PreemptionCheckpointHandler": "keras_dist._preemption",
     "TerminationConfig": "keras_dist._preemption",
     "ValueContext": "keras_dist._input",

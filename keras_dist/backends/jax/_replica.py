@@ -149,7 +149,8 @@ class _ReplicaOps(ReplicaOps):
         self.counts = counts
         self.rows = None if counts is None else max(counts)
 
-    def all_reduce(self, reduce_op, value):
+    def all_reduce(self, reduce_op, value, options=None):
+        # options: checked by the core to ask only for the strategy's own.
         num = self.engine.num_replicas
 
         def reduce(x):

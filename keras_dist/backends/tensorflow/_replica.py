@@ -66,8 +66,16 @@ class _ReplicaOps(ReplicaOps):
     def __init__(self, context):
         self.context = context
 
-    def all_reduce(self, reduce_op, value):
-        return self.context.all_reduce(_TF_OPS[reduce_op.value], value)
+    applies_call_options = True  # tf's all_reduce takes them per call
+
+    def all_reduce(self, reduce_op, value, options=None):
+        if options is not None:
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=options.bytes_per_pack,
+                timeout_seconds=options.timeout_seconds,
+                implementation=getattr(tf.distribute.experimental.CommunicationImplementation, options.implementation.value),
+            )
+        return self.context.all_reduce(_TF_OPS[reduce_op.value], value, options=options)
 
     def all_gather(self, value, axis):
         return self.context.all_gather(value, axis)

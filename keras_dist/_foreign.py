@@ -46,6 +46,10 @@ KINDS = {
         "a checkpoint",
         "a Keras model (saved with its optimizer's state) or an object with save(path) and restore(path) methods",
     ),
+    "executable_location": (
+        "a Kubernetes executable location",
+        "keras_dist.cluster_resolver.KubernetesExecutableLocation.WITHIN_CLUSTER or .OFF_CLUSTER",
+    ),
     "termination_config": (
         "a termination config",
         "keras_dist.experimental.TerminationConfig(...) with the same arguments",
@@ -73,6 +77,11 @@ _TF_CLASSES = {
     },
     "Checkpoint": ("checkpoint", "tf.train.Checkpoint", ""),
     "CheckpointManager": ("checkpoint", "tf.train.CheckpointManager", ""),
+    "ExecutableLocation": (
+        "executable_location",
+        "tf.distribute.cluster_resolver.KubernetesExecutableLocation",
+        "keras_dist.cluster_resolver.KubernetesExecutableLocation",
+    ),
     "TerminationConfig": (
         "termination_config",
         "tf.distribute.experimental.TerminationConfig",

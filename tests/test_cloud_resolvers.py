@@ -27,6 +27,7 @@ from keras_dist.cluster_resolver import (
     UnionResolver,
 )
 from keras_dist.cluster_resolver import _cloud, _union
+from conftest import BACKEND
 
 NEW = ["GCEClusterResolver", "KubernetesClusterResolver", "UnionResolver"]
 
@@ -233,6 +234,43 @@ def test_kubernetes_client_made_from_the_package(monkeypatch, in_cluster):
     assert calls == [loader, "CoreV1Api"]  # configured once, when made
     assert resolver.cluster_spec().as_dict() == {"worker": ["10.9.9.9:8470"]}
     assert calls == [loader, "CoreV1Api"]
+
+
+@pytest.mark.parametrize("in_cluster_env", [True, False])
+def test_kubernetes_executable_location_overrides_the_environment(monkeypatch, in_cluster_env):
+    """tf's `executable_location=`: WITHIN_CLUSTER loads the pod's service
+    account, OFF_CLUSTER the kube config, whatever KUBERNETES_SERVICE_HOST says."""
+    from keras_dist.cluster_resolver import KubernetesExecutableLocation
+
+    if in_cluster_env:
+        monkeypatch.setenv(_cloud.IN_CLUSTER_VAR, "10.96.0.1")
+    else:
+        monkeypatch.delenv(_cloud.IN_CLUSTER_VAR, raising=False)
+    for location, loader in [
+        (KubernetesExecutableLocation.WITHIN_CLUSTER, "load_incluster_config"),
+        (KubernetesExecutableLocation.OFF_CLUSTER, "load_kube_config"),
+    ]:
+        calls = []
+        install_fake_kubernetes(monkeypatch, calls)
+        resolver = KubernetesClusterResolver(executable_location=location)
+        assert calls == [loader, "CoreV1Api"]
+        assert resolver.cluster_spec().as_dict() == {"worker": ["10.9.9.9:8470"]}
+    if BACKEND == "tensorflow":  # tf's own enum, as ported code holds it
+        import tensorflow as tf
+
+        calls = []
+        install_fake_kubernetes(monkeypatch, calls)
+        KubernetesClusterResolver(executable_location=tf.distribute.cluster_resolver.KubernetesExecutableLocation.OFF_CLUSTER)
+        assert calls == ["load_kube_config", "CoreV1Api"]
+
+
+def test_kubernetes_executable_location_bad_values():
+    from keras_dist.cluster_resolver import KubernetesExecutableLocation
+
+    with pytest.raises(ValueError, match="must be a keras_dist.cluster_resolver.KubernetesExecutableLocation"):
+        KubernetesClusterResolver(executable_location="OFF_CLUSTER", override_client=object())
+    with pytest.raises(ValueError, match="Pass one of the two"):
+        KubernetesClusterResolver(executable_location=KubernetesExecutableLocation.OFF_CLUSTER, override_client=object())
 
 
 def hide(monkeypatch, *modules):

@@ -372,3 +372,5 @@ def test_collective_hints_make_communication_options():
         hints = keras_dist.experimental.CollectiveHints(bytes_per_pack=32, timeout_seconds=10)
     assert hints == keras_dist.CommunicationOptions(bytes_per_pack=32, timeout_seconds=10)
     assert "CollectiveHints" in keras_dist.experimental.__all__
+    # tf's deprecated alias: the same enum
+    assert keras_dist.experimental.CollectiveCommunication is keras_dist.CommunicationImplementation

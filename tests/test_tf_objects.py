@@ -149,12 +149,20 @@ def _tf_objects():
             "tf.distribute.experimental.CommunicationImplementation.RING",
             "keras_dist.CommunicationImplementation.RING",
         ),
+        (
+            lambda s, v: keras_dist.cluster_resolver.KubernetesClusterResolver(
+                executable_location=tf.distribute.cluster_resolver.KubernetesExecutableLocation.OFF_CLUSTER
+            ),
+            "tf.distribute.cluster_resolver.KubernetesExecutableLocation.OFF_CLUSTER",
+            "keras_dist.cluster_resolver.KubernetesExecutableLocation.OFF_CLUSTER",
+        ),
     ]
 
 
 _CASES = (
     "reduce", "all_reduce", "hierarchical_copy", "nccl", "reduction_to_one_device", "cluster_spec",
     "simple_resolver_spec", "tf_config_resolver", "communication_options", "communication_implementation",
+    "kubernetes_executable_location",
 )
 
 

@@ -14,7 +14,7 @@ the `kubernetes` / `googleapiclient` package, imported only when no client of
 your own (`override_client=`, `service=`) is given.
 """
 
-from keras_dist.cluster_resolver._cloud import GCEClusterResolver, KubernetesClusterResolver
+from keras_dist.cluster_resolver._cloud import GCEClusterResolver, KubernetesClusterResolver, KubernetesExecutableLocation
 from keras_dist.cluster_resolver._cluster_spec import ClusterSpec
 from keras_dist.cluster_resolver._resolvers import (
     ClusterResolver,
@@ -30,6 +30,7 @@ __all__ = [
     "ClusterSpec",
     "GCEClusterResolver",
     "KubernetesClusterResolver",
+    "KubernetesExecutableLocation",
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",

@@ -9,11 +9,12 @@ tests that pass one run offline and need neither package.
 
 from __future__ import annotations
 
+import enum
 import importlib
 import os
 from typing import Any, Mapping, Optional, Sequence
 
-from keras_dist.cluster_resolver._cluster_spec import ClusterSpec, _describe, check_job_name
+from keras_dist.cluster_resolver._cluster_spec import ClusterSpec, _describe, check_job_name, take_foreign
 from keras_dist.cluster_resolver._resolvers import ClusterResolver
 
 #: The pods of each job by default, as in TensorFlow.
@@ -101,16 +102,53 @@ def _check_label_mapping(mapping: Any) -> dict[str, list[str]]:
     return checked
 
 
-def _kubernetes_api() -> Any:
-    """A `CoreV1Api` of the `kubernetes` package, configured for where this runs."""
+class KubernetesExecutableLocation(enum.Enum):
+    """Where the program runs, which says how `KubernetesClusterResolver`
+    configures the `kubernetes` client (tf.distribute's
+    `cluster_resolver.KubernetesExecutableLocation`): `WITHIN_CLUSTER`, in a
+    pod (its service account); `OFF_CLUSTER`, elsewhere (the kube config).
+
+    >>> KubernetesExecutableLocation.OFF_CLUSTER.value
+    1
+    """
+
+    WITHIN_CLUSTER = 0
+    OFF_CLUSTER = 1
+
+
+def _kubernetes_api(location: Optional[KubernetesExecutableLocation]) -> Any:
+    """A `CoreV1Api` of the `kubernetes` package, configured for where this
+    runs (`location`; None: inside a pod when `KUBERNETES_SERVICE_HOST` is set)."""
     who, alternative = "KubernetesClusterResolver", "override_client=<a CoreV1Api-like client>"
     config = _import("kubernetes.config", "kubernetes", alternative, who)
     client = _import("kubernetes.client", "kubernetes", alternative, who)
-    if os.environ.get(IN_CLUSTER_VAR):
+    if location is None:
+        within = bool(os.environ.get(IN_CLUSTER_VAR))
+    else:
+        within = location is KubernetesExecutableLocation.WITHIN_CLUSTER
+    if within:
         config.load_incluster_config()  # in a pod: its service account
     else:
         config.load_kube_config()  # elsewhere: ~/.kube/config (or KUBECONFIG)
     return client.CoreV1Api()
+
+
+def _check_location(location: Any, override_client: Any) -> Optional[KubernetesExecutableLocation]:
+    if location is None:
+        return None
+    location = take_foreign(location, "executable_location")  # TensorFlow: tf's enum
+    if not isinstance(location, KubernetesExecutableLocation):
+        raise ValueError(
+            "executable_location must be a keras_dist.cluster_resolver.KubernetesExecutableLocation "
+            f"(WITHIN_CLUSTER or OFF_CLUSTER) or None, got {location!r}."
+        )
+    if override_client is not None:
+        raise ValueError(
+            "executable_location says how KubernetesClusterResolver configures "
+            "the kubernetes client; with override_client= the client is yours, "
+            "already configured, so it would not be used. Pass one of the two."
+        )
+    return location
 
 
 class KubernetesClusterResolver(_ListedClusterResolver):
@@ -128,7 +166,10 @@ class KubernetesClusterResolver(_ListedClusterResolver):
     `override_client` is a `kubernetes.client.CoreV1Api`-like object, used
     as given; without one, the `kubernetes` package is imported (ImportError
     naming `pip install kubernetes` if it is missing) and configured from
-    the pod's service account inside a cluster, else from the kube config.
+    the pod's service account inside a cluster, else from the kube config;
+    `executable_location` (a `KubernetesExecutableLocation`) says which
+    instead of `KUBERNETES_SERVICE_HOST` (tf's default is `WITHIN_CLUSTER`;
+    keras_dist's, None, looks).
 
     >>> from types import SimpleNamespace as Obj
     >>> class FakeCoreV1Api:  # answers as kubernetes.client.CoreV1Api()
@@ -151,15 +192,17 @@ class KubernetesClusterResolver(_ListedClusterResolver):
         tf_server_port: int = 8470,
         rpc_layer: Optional[str] = "grpc",
         override_client: Any = None,
+        executable_location: Optional[KubernetesExecutableLocation] = None,
     ):
         self._job_to_label_mapping = _check_label_mapping(
             job_to_label_mapping or DEFAULT_JOB_TO_LABEL_MAPPING
         )
         self._tf_server_port = _check_port(tf_server_port, "tf_server_port")
+        location = _check_location(executable_location, override_client)
         self.task_type = None
         self.task_id = None
         self.rpc_layer = rpc_layer
-        self._client = _kubernetes_api() if override_client is None else override_client
+        self._client = _kubernetes_api(location) if override_client is None else override_client
 
     def cluster_spec(self) -> ClusterSpec:
         """The pods each job's label selectors match now, as `pod_ip:tf_server_port`.

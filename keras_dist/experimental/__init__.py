@@ -24,6 +24,11 @@ _NAMES = (
     "TPUStrategy",
 )
 
+#: tf's deprecated aliases -> the top-level name they are (the same object, as in tf).
+_ALIASES = {
+    "CollectiveCommunication": "CommunicationImplementation",
+}
+
 #: Names only tf.distribute.experimental has -> the module that defines them.
 _OWN = {
     "CollectiveHints": "keras_dist._communication",
@@ -32,7 +37,7 @@ _OWN = {
     "ValueContext": "keras_dist._input",
 }
 
-__all__ = sorted([*_NAMES, *_OWN])
+__all__ = sorted([*_NAMES, *_ALIASES, *_OWN])
 
 
 def __getattr__(name: str) -> Any:
@@ -40,8 +45,8 @@ def __getattr__(name: str) -> Any:
 
     import keras_dist
 
-    if name in _NAMES:
-        value = getattr(keras_dist, name)
+    if name in _NAMES or name in _ALIASES:
+        value = getattr(keras_dist, _ALIASES.get(name, name))
     elif name in _OWN:
         keras_dist._install_hooks()
         value = getattr(importlib.import_module(_OWN[name]), name)

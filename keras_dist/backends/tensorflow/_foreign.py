@@ -94,6 +94,14 @@ def _cross_device(value) -> Optional[_cross_device_ops.CrossDeviceOps]:
     return None
 
 
+def _executable_location(value) -> Any:
+    if isinstance(value, tf.distribute.cluster_resolver.KubernetesExecutableLocation):
+        from keras_dist.cluster_resolver import KubernetesExecutableLocation
+
+        return KubernetesExecutableLocation[value.name]
+    return None
+
+
 _TRANSLATIONS: dict[str, Callable[[Any], Any]] = {
     "reduce_op": _reduce_op,
     "cluster_spec": _cluster_spec,
@@ -103,6 +111,7 @@ _TRANSLATIONS: dict[str, Callable[[Any], Any]] = {
     "cross_device_ops": _cross_device,
     "checkpoint": _checkpoint.checkpoint_store,
     "termination_config": _checkpoint.termination_config,
+    "executable_location": _executable_location,
 }
 
 

@@ -64,8 +64,8 @@ elif mode == "fail-first":  # worker 0 fails on the first attempt only
     print(f"attempt {attempt} ok")
 elif mode == "sleep":
     time.sleep(60)
-elif mode == "talk":  # prints a line every 0.3 s for 4 s, then succeeds
-    for _ in range(13):
+elif mode == "talk":  # prints a line every 0.3 s for 4.5 s, then succeeds
+    for _ in range(15):
         print("still here", flush=True)
         time.sleep(0.3)
 elif mode == "beat":  # silent, but beats through keras_dist for 4 s

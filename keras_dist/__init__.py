@@ -48,6 +48,7 @@ _EXPORTS = {
     "MirroredStrategy": "keras_dist._strategy",
     "MultiWorkerMirroredStrategy": "keras_dist._strategy",
     "OneDeviceStrategy": "keras_dist._strategy",
+    "ParameterServerStrategy": "keras_dist._parameter_server",
     "Strategy": "keras_dist._strategy",
     "StrategyExtended": "keras_dist._strategy",
     "TPUStrategy": "keras_dist._strategy",
@@ -60,12 +61,13 @@ _EXPORTS = {
     "Mirrored": "keras_dist._values",
     "PerReplica": "keras_dist._values",
 }
-_SUBPACKAGES = ("callbacks", "cluster_resolver", "experimental", "tpu")
+_SUBPACKAGES = ("callbacks", "cluster_resolver", "coordinator", "experimental", "tpu")
 
 __all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from keras_dist import callbacks, cluster_resolver, experimental, tpu  # noqa: F401
+    from keras_dist import callbacks, cluster_resolver, coordinator, experimental, tpu  # noqa: F401
+    from keras_dist._parameter_server import ParameterServerStrategy  # noqa: F401
     from keras_dist._communication import CommunicationImplementation, CommunicationOptions, PeerWorkerError  # noqa: F401
     from keras_dist._context import ReplicaContext  # noqa: F401
     from keras_dist._cross_device_ops import (  # noqa: F401
@@ -110,7 +112,7 @@ def _install_hooks() -> None:
 
 def __getattr__(name: str) -> Any:
     if name in _SUBPACKAGES:
-        if name == "callbacks":
+        if name in ("callbacks", "coordinator"):
             _install_hooks()
         return importlib.import_module(f"keras_dist.{name}")
     module = _EXPORTS.get(name)

@@ -173,6 +173,43 @@ class BackendAdapter(abc.ABC):
         """Inside a per-replica step: BatchNormalization mean and variance
         over the global batch."""
 
+    # -- parameter servers (ParameterServerStrategy, ClusterCoordinator) ----
+    # The coordinator is the engine's own (TensorFlow: tf's ClusterCoordinator
+    # over tf's ParameterServerStrategy; JAX: Ray actors). `create_engine`
+    # builds the ps side for a `ParameterServerStrategy`; these methods are
+    # the coordinator's, called from the user's (the chief's) process.
+
+    @abc.abstractmethod
+    def create_coordinator(self, strategy: Any) -> Any:
+        """The engine's coordinator for the `ParameterServerStrategy`
+        `strategy` (one per strategy; the core caches it)."""
+
+    @abc.abstractmethod
+    def schedule(self, coordinator: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """Queues `fn(*args, **kwargs)` to run once on some worker; returns
+        the engine's remote value at once. Per-worker arguments (from
+        `create_per_worker_dataset`) resolve to the chosen worker's."""
+
+    @abc.abstractmethod
+    def fetch(self, coordinator: Any, remote_value: Any) -> Any:
+        """Blocks until the engine's `remote_value` is ready; its result as
+        host values (NumPy), or the error its function raised."""
+
+    @abc.abstractmethod
+    def join(self, coordinator: Any) -> None:
+        """Blocks until every scheduled function has run; raises the first
+        error one raised (a worker lost is rescheduled, not an error)."""
+
+    @abc.abstractmethod
+    def done(self, coordinator: Any) -> bool:
+        """Whether every scheduled function has run (raises as `join`)."""
+
+    @abc.abstractmethod
+    def create_per_worker_dataset(self, coordinator: Any, dataset_fn: Callable) -> Any:
+        """A dataset on each worker, made there by `dataset_fn` (called
+        with an `InputContext`, or with no argument if it takes none);
+        `iter()` of the result is the per-worker iterator `schedule` takes."""
+
     # -- measurement -------------------------------------------------------
 
     @abc.abstractmethod

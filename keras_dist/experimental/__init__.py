@@ -21,6 +21,7 @@ _NAMES = (
     "CommunicationImplementation",
     "CommunicationOptions",
     "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
     "TPUStrategy",
 )
 

@@ -9,7 +9,7 @@ Each method is a function of the module that owns the concern: `_engine`
 from __future__ import annotations
 
 from keras_dist.backends._base import BackendAdapter
-from keras_dist.backends.jax import _cluster, _engine, _replica, _replica_step, _step, _time
+from keras_dist.backends.jax import _cluster, _engine, _parameter_servers, _replica, _replica_step, _step, _time
 
 
 def _no_backend_objects(value, kind):
@@ -52,6 +52,13 @@ class JaxAdapter(BackendAdapter):
     assign_delta_in_replica = staticmethod(_replica.assign_delta_in_replica)
     sum_gradients_over_replicas = staticmethod(_replica_step.sum_gradients_over_replicas)
     global_moments = staticmethod(_replica_step.global_moments)
+    # parameter servers
+    create_coordinator = staticmethod(_parameter_servers.create_coordinator)
+    schedule = staticmethod(_parameter_servers.schedule)
+    fetch = staticmethod(_parameter_servers.fetch)
+    join = staticmethod(_parameter_servers.join)
+    done = staticmethod(_parameter_servers.done)
+    create_per_worker_dataset = staticmethod(_parameter_servers.create_per_worker_dataset)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
     # the backend library's own objects

@@ -10,7 +10,7 @@ loops), `_step` (fit's steps), `_time` (timing a collective), `_foreign`
 from __future__ import annotations
 
 from keras_dist.backends._base import BackendAdapter
-from keras_dist.backends.tensorflow import _engine, _foreign, _replica, _step, _time
+from keras_dist.backends.tensorflow import _engine, _foreign, _parameter_servers, _replica, _step, _time
 
 
 class TensorFlowAdapter(BackendAdapter):
@@ -47,6 +47,13 @@ class TensorFlowAdapter(BackendAdapter):
     assign_delta_in_replica = staticmethod(_replica.assign_delta_in_replica)
     sum_gradients_over_replicas = staticmethod(_step.sum_gradients_over_replicas)
     global_moments = staticmethod(_step.global_moments)
+    # parameter servers
+    create_coordinator = staticmethod(_parameter_servers.create_coordinator)
+    schedule = staticmethod(_parameter_servers.schedule)
+    fetch = staticmethod(_parameter_servers.fetch)
+    join = staticmethod(_parameter_servers.join)
+    done = staticmethod(_parameter_servers.done)
+    create_per_worker_dataset = staticmethod(_parameter_servers.create_per_worker_dataset)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
     # the backend library's own objects

@@ -79,12 +79,17 @@ def data(name, rows):
     return x, y
 
 
+#: "cpu" (simulated CPU devices) or "gpu" (`benchmarks/run.py --device-kind gpu`:
+#: every implementation, the plain-Keras anchor included, on the GPUs).
+DEVICE_KIND = os.environ.get("KERAS_DIST_BENCH_DEVICE_KIND", "cpu")
+
+
 def strategy_scope():
-    names = [f"cpu:{i}" for i in range(devices)]
+    names = [f"{DEVICE_KIND}:{i}" for i in range(devices)]
     if impl == "keras":
         return None
     if impl == "one_device":
-        return keras_dist.OneDeviceStrategy("cpu:0").scope()
+        return keras_dist.OneDeviceStrategy(names[0]).scope()
     if impl == "mirrored":
         return keras_dist.MirroredStrategy(names).scope()
     if impl == "data_parallel":
@@ -93,7 +98,7 @@ def strategy_scope():
     if impl == "tf_mirrored":
         import tensorflow as tf
 
-        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(devices)]).scope()
+        return tf.distribute.MirroredStrategy([f"/{DEVICE_KIND}:{i}" for i in range(devices)]).scope()
     raise SystemExit(f"unknown implementation {impl}")
 
 
@@ -127,6 +132,7 @@ def main():
                 "impl": impl,
                 "devices": devices,
                 "model": model_name,
+                "device_kind": DEVICE_KIND,
                 "batch": batch,
                 "steps": steps,
                 "first_step_s": first_step,

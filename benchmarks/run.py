@@ -46,7 +46,7 @@ def configurations(backends, models, max_devices=4):
                         yield {"backend": backend, "impl": impl, "devices": devices, "model": model}
 
 
-def run_one(config, steps, repeats, timeout, root=ROOT):
+def run_one(config, steps, repeats, timeout, root=ROOT, device_kind="cpu"):
     """One configuration in its own process, with `root`'s worker and keras_dist."""
     command = [
         sys.executable,
@@ -58,7 +58,9 @@ def run_one(config, steps, repeats, timeout, root=ROOT):
         str(steps),
         str(repeats),
     ]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(root))
+    # `root` first, the caller's PYTHONPATH after it (packages carried there)
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=path, KERAS_DIST_BENCH_DEVICE_KIND=device_kind)
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
         return dict(config, error=[error_line(done.stderr)])
@@ -113,7 +115,8 @@ def write_markdown(rows, results, meta, path):
         "# Benchmark results",
         "",
         f"Measured {meta['date']} on {meta['machine']['cpus']} CPU cores "
-        f"({meta['machine']['processor']}, {meta['machine']['platform']}), simulated CPU devices, "
+        f"({meta['machine']['processor']}, {meta['machine']['platform']}), "
+        f"{'simulated CPU devices' if meta.get('device_kind', 'cpu') == 'cpu' else 'GPUs'}, "
         f"{meta['steps']} steps x {meta['repeats']} timed epochs per process, {meta['rounds']} interleaved rounds. "
         f"`vs 1 device` = step time / plain Keras on one device, same backend, same run.",
         "",
@@ -138,11 +141,12 @@ def write_markdown(rows, results, meta, path):
                 f"- {model} {backend} {impl} x{devices}, {len(messages)} of {meta['rounds']} rounds: "
                 f"`{messages[-1][:240]}`"
             )
-    lines += [
-        "",
-        "Simulated devices share the same cores, so more replicas cannot be faster here than one device; "
-        "the ratios compare keras-dist's overhead against the native anchors measured in the same run.",
-    ]
+    if meta.get("device_kind", "cpu") == "cpu":
+        lines += [
+            "",
+            "Simulated devices share the same cores, so more replicas cannot be faster here than one device; "
+            "the ratios compare keras-dist's overhead against the native anchors measured in the same run.",
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -155,6 +159,8 @@ def write_plot(rows, path):
     except ImportError:
         return False
     models = sorted({r["model"] for r in rows})
+    if not models:  # every configuration failed: nothing to plot
+        return False
     figure, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
     for axis, model in zip(axes[0], models):
         for backend in ("jax", "tensorflow"):
@@ -187,6 +193,12 @@ def main(argv=None):
     parser.add_argument("--max-devices", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="tiny run: mlp, few steps, 1 round, <= 2 devices")
     parser.add_argument("--output", type=pathlib.Path, default=HERE)
+    parser.add_argument(
+        "--device-kind",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="cpu: simulated CPU devices (default); gpu: every implementation on the GPUs (a GPU machine)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.steps, args.repeats, args.rounds = "mlp", 3, 1, 1
@@ -197,7 +209,7 @@ def main(argv=None):
     results = []
     for round_index in range(args.rounds):
         for config in configs:  # interleaved: every configuration once per round
-            result = run_one(config, args.steps, args.repeats, args.timeout)
+            result = run_one(config, args.steps, args.repeats, args.timeout, device_kind=args.device_kind)
             result["round"] = round_index
             results.append(result)
             status = result.get("error") or f"{result['step_s_median'] * 1e3:.2f} ms/step"
@@ -209,6 +221,7 @@ def main(argv=None):
         "steps": args.steps,
         "repeats": args.repeats,
         "rounds": args.rounds,
+        "device_kind": args.device_kind,
     }
     results_dir = args.output / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -225,8 +238,9 @@ def main(argv=None):
     plotted = write_plot(rows, results_dir / ("step_time.quick.png" if args.quick else "step_time.png"))
     print(markdown.read_text())
     if not plotted:
-        print("(matplotlib not installed: no plot written)")
-    return 0
+        print("(no plot written: matplotlib is not installed or no configuration ran)")
+    failed = [r for r in results if "error" in r]
+    return 1 if failed and len(failed) == len(results) else 0
 
 
 if __name__ == "__main__":

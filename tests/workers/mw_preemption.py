@@ -172,7 +172,12 @@ def main():
     reference, reference_optimizer = make()
     reference_step = train_step_for(reference, reference_optimizer)
     for run in range(STEPS):
-        reference_step(dist_batches[run % len(dist_batches)])
+        # Read each step's loss (as a loop that logs it does): on JAX, 40
+        # steps dispatched with nothing read back hung in 2 of 7 runs at
+        # load average 6-11 on 2 cores (both workers blocked dispatching a
+        # step, the queue of steps in flight stuck in XLA's CPU collectives);
+        # reading the loss each step: 9 of 9 passed. guides/multi_worker.md.
+        float(reference_step(dist_batches[run % len(dist_batches)]))
     result["weight_diff"] = max(
         float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights())
     )

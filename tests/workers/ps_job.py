@@ -10,8 +10,9 @@ MODE:
 - "fit": model.fit with a DatasetCreator and a plain dataset function,
   validation, evaluate and predict, ModelCheckpoint/BackupAndRestore/
   TensorBoard on the coordinator; reports accuracy next to single-device fit.
-- "kill": a loop during which the launcher's worker 1 is killed (its pid
-  from the environment variable KILL_PID_FILE's file); reports iterations.
+- "kill": a loop during which worker 1's server process is killed (found
+  by its port) with steps in flight; reports iterations.
+- "bad-inputs": fit's bad inputs, each error, and that nothing changed.
 - "ps-dies": a loop during which ps 0 is killed; reports the error and the
   seconds it took.
 """
@@ -130,9 +131,43 @@ elif mode == "fit":
     reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
     reference.fit(dataset_fn(), epochs=4, steps_per_epoch=steps, verbose=0)
     report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+elif mode == "bad-inputs":
+    with strategy.scope():
+        model = make_model()
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+    outside = make_model()  # outside the scope
+    outside.compile(optimizer="sgd", loss="binary_crossentropy")
+    outside_metric = keras.metrics.BinaryAccuracy()
+
+    def _in_scope(call):
+        with strategy.scope():
+            return call()
+
+    before = [np.asarray(w) for w in model.get_weights()]
+    errors = {}
+    cases = {
+        "missing steps_per_epoch": lambda: model.fit(dataset_fn, epochs=1),
+        "a dataset, not a function": lambda: model.fit(dataset_fn(), steps_per_epoch=2),
+        "arrays, not a function": lambda: model.fit(X, Y, steps_per_epoch=2),
+        "batch_size with a function": lambda: model.fit(dataset_fn, steps_per_epoch=2, batch_size=8),
+        "train_on_batch": lambda: model.train_on_batch(X[:8], Y[:8]),
+        "model made outside the scope": lambda: _in_scope(lambda: outside.fit(dataset_fn, steps_per_epoch=2)),
+        "metric made outside the scope": lambda: model.compile(
+            optimizer="sgd", loss="binary_crossentropy", metrics=[outside_metric]
+        ),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            errors[name] = None
+        except Exception as error:  # noqa: BLE001 - reported
+            errors[name] = f"{type(error).__name__}: {error}"
+    report["errors"] = errors
+    report["unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    report["iterations"] = int(model.optimizer.iterations.numpy())
+    report["built_optimizer"] = model.optimizer.built
 elif mode in ("kill", "ps-dies"):
     target = "worker" if mode == "kill" else "ps"
-    pids = json.loads(os.environ["KERAS_DIST_TEST_PIDS"]) if "KERAS_DIST_TEST_PIDS" in os.environ else None
     coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         model = make_model()
@@ -147,7 +182,6 @@ elif mode in ("kill", "ps-dies"):
             with tf.GradientTape() as tape:
                 loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
             optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-            time.sleep(0) if False else None
             return loss
 
         return strategy.run(replica, args=(next(iterator),))
@@ -158,8 +192,7 @@ elif mode in ("kill", "ps-dies"):
     try:
         for i in range(steps):
             coordinator.schedule(step, args=(iterator,))
-            if i == steps // 3:
-                coordinator.join()
+            if i == steps // 3:  # steps are in flight on both workers
                 # the server listening on the task's port: find its pid
                 import subprocess
 

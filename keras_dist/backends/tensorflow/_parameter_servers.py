@@ -19,6 +19,9 @@ servers, with what Keras 3 breaks fixed.
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute import sharded_variable
@@ -105,13 +108,39 @@ def _engine_argument(value):
     return value
 
 
+_PS_ERROR = re.compile(r"remote target /job:ps/replica:0/task:(\d+)")
+
+
+@contextlib.contextmanager
+def _explain_ps_failure():
+    """tf's error for a lost parameter server, as one clear error: the
+    variables on it are gone, so the job cannot go on (tf raises it too;
+    a lost worker is re-scheduled instead and never reaches here)."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
+        found = _PS_ERROR.search(str(error))
+        if found is None:
+            raise
+        from keras_dist._communication import PeerWorkerError
+
+        raise PeerWorkerError(
+            f"Parameter server ps:{found.group(1)} failed (unreachable): the "
+            "variables it held are lost, so training cannot continue. Restart "
+            "the whole job (coordinator, ps and worker tasks) and restore from a "
+            "checkpoint (keras.callbacks.BackupAndRestore or ModelCheckpoint). "
+            f"Engine error: {type(error).__name__}: {str(error).strip().splitlines()[0]}"
+        ) from error
+
+
 def schedule(coordinator, fn, args, kwargs):
     heartbeat.beat()
     if not isinstance(fn, tf.types.experimental.PolymorphicFunction):
         fn = _traced(fn)
     args = tuple(_engine_argument(a) for a in args)
     kwargs = {k: _engine_argument(v) for k, v in kwargs.items()}
-    return coordinator.schedule(fn, args=args, kwargs=kwargs)
+    with _explain_ps_failure():
+        return coordinator.schedule(fn, args=args, kwargs=kwargs)
 
 
 #: python function -> its tf.function (tf's coordinator runs tf.functions only)
@@ -129,16 +158,19 @@ def _traced(fn):
 
 def fetch(coordinator, remote_value):
     heartbeat.beat()
-    return remote_value.fetch()
+    with _explain_ps_failure():
+        return remote_value.fetch()
 
 
 def join(coordinator):
     heartbeat.beat()
-    coordinator.join()
+    with _explain_ps_failure():
+        coordinator.join()
 
 
 def done(coordinator):
-    return coordinator.done()
+    with _explain_ps_failure():
+        return coordinator.done()
 
 
 def create_per_worker_dataset(coordinator, dataset_fn):

@@ -202,3 +202,17 @@ def test_partitioners_refuse_bad_arguments():
         with pytest.raises(ValueError, match="must be positive"):
             make()
     assert np.array_equal(p.FixedShardsPartitioner(2)((10, 3), "float32"), [2, 1])
+
+
+@tf_engine
+def test_example_through_the_launcher():
+    env = dict(
+        os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "--workers", "2", "--ps", "1", "--timeout", "90",
+         "--max-time", "140", os.path.join(ROOT, "examples", "parameter_server.py")],
+        env=env, capture_output=True, text=True, timeout=150,
+    )
+    assert result.returncode == 0 and "[chief] MATCH" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]

@@ -66,7 +66,7 @@ class ParameterServerStrategy(Strategy):
     variables on the parameter servers, without waiting for the others:
     not bitwise equal to one device, but no update is lost.
 
-    ```python
+    ```text  (needs a cluster: run under `keras-dist launch --workers N --ps M`)
     resolver = keras_dist.cluster_resolver.TFConfigClusterResolver()
     strategy = keras_dist.ParameterServerStrategy(resolver)
     coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)

@@ -16,7 +16,7 @@ class Server:
     (`keras-dist launch --ps M` does it for you, with
     `python -m keras_dist.serve`):
 
-    ```python
+    ```text  (needs a cluster: run under `keras-dist launch --workers N --ps M`)
     resolver = keras_dist.cluster_resolver.TFConfigClusterResolver()
     server = keras_dist.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                task_index=resolver.task_id, protocol="grpc")

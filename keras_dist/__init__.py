@@ -49,6 +49,7 @@ _EXPORTS = {
     "MultiWorkerMirroredStrategy": "keras_dist._strategy",
     "OneDeviceStrategy": "keras_dist._strategy",
     "ParameterServerStrategy": "keras_dist._parameter_server",
+    "Server": "keras_dist._server",
     "Strategy": "keras_dist._strategy",
     "StrategyExtended": "keras_dist._strategy",
     "TPUStrategy": "keras_dist._strategy",
@@ -68,6 +69,7 @@ __all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from keras_dist import callbacks, cluster_resolver, coordinator, experimental, tpu  # noqa: F401
     from keras_dist._parameter_server import ParameterServerStrategy  # noqa: F401
+    from keras_dist._server import Server  # noqa: F401
     from keras_dist._communication import CommunicationImplementation, CommunicationOptions, PeerWorkerError  # noqa: F401
     from keras_dist._context import ReplicaContext  # noqa: F401
     from keras_dist._cross_device_ops import (  # noqa: F401

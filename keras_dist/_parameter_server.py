@@ -66,7 +66,7 @@ class ParameterServerStrategy(Strategy):
     variables on the parameter servers, without waiting for the others:
     not bitwise equal to one device, but no update is lost.
 
-    ```python
+    ```text  (needs a cluster: run under `keras-dist launch --workers N --ps M`)
     resolver = keras_dist.cluster_resolver.TFConfigClusterResolver()
     strategy = keras_dist.ParameterServerStrategy(resolver)
     coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
@@ -131,3 +131,54 @@ def check_parameter_server_cluster(resolver: Any) -> None:
             f"task); this process is {task_type!r}. Worker and ps tasks run "
             "`keras_dist.Server(...).join()` instead, as in tf.distribute."
         )
+
+
+class DatasetCreator:
+    """A dataset function for `model.fit` under a `ParameterServerStrategy`
+    (tf.keras.utils.experimental.DatasetCreator's spelling, exported as
+    `keras_dist.experimental.DatasetCreator`).
+
+    Each worker calls `dataset_fn(input_context)` to make its own input (a
+    `keras_dist.InputContext`); the dataset should repeat, and `fit` needs
+    `steps_per_epoch`. A plain callable works the same.
+
+    >>> creator = DatasetCreator(lambda context: [1, 2, 3])
+    >>> creator(None)
+    [1, 2, 3]
+    """
+
+    def __init__(self, dataset_fn: Callable, input_options: Any = None):
+        if not callable(dataset_fn):
+            raise TypeError(
+                "DatasetCreator takes a function making the dataset (called with "
+                f"an InputContext on each worker), got {type(dataset_fn).__name__}."
+            )
+        if input_options is not None:
+            raise ValueError(
+                "DatasetCreator(input_options=...) is not supported: each worker "
+                "iterates its own dataset as dataset_fn makes it; leave it None."
+            )
+        self.dataset_fn = dataset_fn
+        self.input_options = input_options
+
+    def __call__(self, *args, **kwargs):
+        return self.dataset_fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"DatasetCreator({self.dataset_fn!r})"
+
+
+def call_dataset_fn(dataset_fn: Callable, input_context: Any) -> Any:
+    """`dataset_fn(input_context)`, or `dataset_fn()` if it takes no argument."""
+    import inspect
+
+    if isinstance(dataset_fn, DatasetCreator):
+        return dataset_fn.dataset_fn(input_context)
+    try:
+        parameters = inspect.signature(dataset_fn).parameters.values()
+    except (TypeError, ValueError):
+        return dataset_fn(input_context)
+    takes_one = any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters
+    )
+    return dataset_fn(input_context) if takes_one else dataset_fn()

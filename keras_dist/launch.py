@@ -290,31 +290,44 @@ def _run_attempt(
     stall_timeout: float | None,
     signals: _Signals,
     output: _Output,
+    num_ps: int = 0,
 ) -> _Outcome:
-    ports = free_ports(num_workers + 1, host)
-    cluster = {"worker": [_address(host, p) for p in ports[:num_workers]]}
+    tasks = _parameter_server_tasks(command, num_workers, num_ps, host, backend, base_env) if num_ps else None
+    if tasks is None:
+        ports = free_ports(num_workers + 1, host)
+        cluster = {"worker": [_address(host, p) for p in ports[:num_workers]]}
+        tasks = [(command, "worker", index, f"worker {index}") for index in range(num_workers)]
+        coordinator = _address(host, ports[-1])
+    else:
+        tasks, cluster, coordinator = tasks
+    # Which processes decide the outcome: every worker's in a multi-worker
+    # job; the script's alone (the chief) in a parameter-server job, where a
+    # worker lost is the coordinator's to handle and servers never exit.
+    decisive = range(1) if num_ps else range(len(tasks))
     processes: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     heartbeats = tempfile.mkdtemp(prefix="keras-dist-heartbeat-")
-    progress = _Progress(num_workers, heartbeats)
+    progress = _Progress(len(tasks), heartbeats)
     try:
-        for index in range(num_workers):
+        for index, (task_command, task_type, task_index, label) in enumerate(tasks):
             env = dict(base_env)
             env.setdefault("PYTHONUNBUFFERED", "1")
             env.update(
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
-                KERAS_DIST_COORDINATOR=_address(host, ports[-1]),
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task_type, "index": task_index}}),
+                KERAS_DIST_COORDINATOR=coordinator,
                 KERAS_DIST_NUM_WORKERS=str(num_workers),
-                KERAS_DIST_WORKER_INDEX=str(index),
+                KERAS_DIST_WORKER_INDEX=str(task_index),
                 KERAS_DIST_RESTART=str(attempt),
                 KERAS_DIST_HEARTBEAT_FILE=progress.files[index],
             )
+            if num_ps:
+                env["KERAS_DIST_NUM_PS"] = str(num_ps)
             if backend is not None:
                 env["KERAS_BACKEND"] = backend
             if signals.received is not None:
                 break
             process = subprocess.Popen(
-                command,
+                task_command,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -322,11 +335,11 @@ def _run_attempt(
                 start_new_session=True,  # own process group: killpg reaches grandchildren
             )
             processes.append(process)
-            prefix = f"[worker {index}] ".encode()
+            prefix = f"[{label}] ".encode()
             for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
                 pump = threading.Thread(
                     target=_pump, args=(pipe, prefix, name, output, progress, index), daemon=True,
-                    name=f"keras-dist-worker{index}-{name}",
+                    name=f"keras-dist-{label.replace(' ', '')}-{name}",
                 )
                 pump.start()
                 pumps.append(pump)
@@ -336,6 +349,8 @@ def _run_attempt(
                 return _Outcome("signal")
             running = False
             for index, process in enumerate(processes):
+                if index not in decisive:
+                    continue
                 returncode = process.poll()
                 if returncode is None:
                     running = True
@@ -361,6 +376,39 @@ def _run_attempt(
         shutil.rmtree(heartbeats, ignore_errors=True)
 
 
+def _backend_of(backend: str | None, base_env: Mapping[str, str]) -> str:
+    """The Keras backend the job runs: given, inherited, or Keras' config file's."""
+    if backend or base_env.get("KERAS_BACKEND"):
+        return backend or base_env["KERAS_BACKEND"]
+    home = base_env.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as handle:
+            return json.load(handle).get("backend", "tensorflow")
+    except (OSError, ValueError, AttributeError):
+        return "tensorflow"
+
+
+def _parameter_server_tasks(command, num_workers, num_ps, host, backend, base_env):
+    """A parameter-server job: the script is the `chief` (the coordinator,
+    task 0 of the processes); on TensorFlow every worker and ps task is a
+    server process (`python -m keras_dist.serve`). On JAX the strategy
+    starts its workers and parameter servers itself (Ray actors): TF_CONFIG
+    carries the counts, with no process behind the worker and ps addresses.
+    Returns (tasks, cluster, coordinator address)."""
+    ports = free_ports(1 + num_workers + num_ps + 1, host)
+    cluster = {
+        "chief": [_address(host, ports[0])],
+        "worker": [_address(host, p) for p in ports[1 : 1 + num_workers]],
+        "ps": [_address(host, p) for p in ports[1 + num_workers : 1 + num_workers + num_ps]],
+    }
+    tasks = [(command, "chief", 0, "chief")]
+    if _backend_of(backend, base_env) == "tensorflow":
+        serve = [sys.executable, "-m", "keras_dist.serve"]
+        tasks += [(serve, "worker", i, f"worker {i}") for i in range(num_workers)]
+        tasks += [(serve, "ps", i, f"ps {i}") for i in range(num_ps)]
+    return tasks, cluster, _address(host, ports[-1])
+
+
 def launch(
     script: str | os.PathLike,
     args: Sequence[str] = (),
@@ -371,8 +419,16 @@ def launch(
     host: str = "127.0.0.1",
     env: Mapping[str, str] | None = None,
     max_time: float | None = None,
+    num_ps: int = 0,
 ) -> int:
     """Runs `script` as `num_workers` local workers; returns the exit code.
+
+    With `num_ps` > 0, a parameter-server job instead: `script` runs once,
+    as the `chief` task (the coordinator of a `ParameterServerStrategy`),
+    with `num_workers` worker and `num_ps` ps tasks in its TF_CONFIG; on
+    TensorFlow each of those is a server process (`python -m
+    keras_dist.serve`), on JAX there is none (the strategy starts Ray
+    actors). The job's outcome is the script's; every process is reaped.
 
     `env` is the workers' base environment (default: `os.environ`), to which
     `TF_CONFIG` and the `KERAS_DIST_*` variables are added. A failed worker
@@ -390,6 +446,8 @@ def launch(
     0
     """
     _validate(script, args, num_workers, backend, max_restarts, timeout, max_time)
+    if isinstance(num_ps, bool) or not isinstance(num_ps, int) or num_ps < 0:
+        raise ValueError(f"the number of ps tasks must be an integer >= 0, got {num_ps!r}")
     command = [sys.executable, os.fspath(script), *map(str, args)]
     base_env = dict(os.environ if env is None else env)
     deadline = None if max_time is None else time.monotonic() + max_time
@@ -399,7 +457,7 @@ def launch(
         while True:
             outcome = _run_attempt(
                 command, num_workers, host, base_env, backend, attempt, deadline, timeout,
-                signals, output,
+                signals, output, num_ps,
             )
             if outcome.kind == "ok":
                 return 0
@@ -443,8 +501,12 @@ def _launch_parser(prog: str) -> argparse.ArgumentParser:
         "set for a multi-worker job on free loopback ports.",
         epilog="Example: keras-dist launch -n 2 --backend jax train.py --epochs 3",
     )
-    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
-                        help="number of worker processes (>= 1)")
+    parser.add_argument("-n", "--num-workers", "--workers", dest="num_workers", type=int, required=True,
+                        metavar="N", help="number of worker processes (>= 1)")
+    parser.add_argument("--ps", type=int, default=0, metavar="M",
+                        help="a parameter-server job: M ps tasks and N workers (TensorFlow: "
+                        "server processes), the script running once as the chief (the "
+                        "coordinator). Default: 0, a multi-worker job")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="set KERAS_BACKEND for the workers (default: inherited)")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
@@ -508,6 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _validate(options.script, options.args, options.num_workers, options.backend,
                       options.max_restarts, options.timeout, options.max_time)
+            if options.ps < 0:
+                raise ValueError(f"--ps must be >= 0, got {options.ps}")
         except ValueError as error:
             parser.error(str(error))
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
@@ -522,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=options.timeout,
         host=options.host,
         max_time=options.max_time,
+        num_ps=options.ps,
     )
 
 

@@ -5,7 +5,8 @@ The guide has three tables with the columns
 tf.distribute (first column "tf.distribute name"), the methods of
 Strategy / StrategyExtended / ReplicaContext ("tf method"), and names from
 elsewhere in tf ("tf name"). A support cell is `yes`, `no (issue #14)` /
-`no (issue #15)`, or `error: <ExceptionType> "<message>"`. For the column of
+`no (issue #15)`, `Ray (in progress)` (JAX's parameter servers, being
+built: checked as `yes`), or `error: <ExceptionType> "<message>"`. For the column of
 the running backend:
 
 * `yes`: the keras_dist name resolves (a module attribute, a submodule, or
@@ -86,7 +87,7 @@ STRATEGY_CLASSES = (
 )
 
 _NAME_CELL = re.compile(r"`([A-Za-z_][\w.]*)`\Z")
-_SUPPORT = re.compile(r'(?P<yes>yes)\Z|no \(issue #(?P<issue>1[45])\)\Z|error: (?P<type>\w+) "(?P<message>[^"]+)"\Z')
+_SUPPORT = re.compile(r'(?P<yes>yes|Ray \(in progress\))\Z|no \(issue #(?P<issue>1[45])\)\Z|error: (?P<type>\w+) "(?P<message>[^"]+)"\Z')
 MISSING = object()
 
 
@@ -233,6 +234,12 @@ def spellings(row: Row) -> set:
     return found
 
 
+#: spellings that name a different tf object than the row's (same last name)
+NOT_THE_SAME = {
+    "tf.distribute.experimental.rpc.Server": {"keras_dist.Server"},  # that is tf.distribute.Server
+}
+
+
 def method_exists_anywhere(row: Row) -> list:
     """Where a `no` method row's tf attribute is found on keras_dist."""
     owner, _, attr = row.tf_name.rpartition(".")
@@ -251,8 +258,13 @@ def _devices_inside_run():
 
 
 #: (tf name, backend column) -> a call that must raise the row's error.
+def _server_on_jax():
+    keras_dist.Server({"ps": ["127.0.0.1:1"]}, job_name="ps", task_index=0, start=False)
+
+
 TRIGGERS = {
     ("ReplicaContext.devices", "JAX"): _devices_inside_run,
+    ("tf.distribute.Server", "JAX"): _server_on_jax,
 }
 
 
@@ -273,7 +285,8 @@ def test_row_is_true_on_this_backend(row):
             assert not resolves(row, row.keras_name), (
                 f"{row.where()}: {row.keras_name} exists now; change {COLUMN}'s 'no' to yes (and the notes)"
             )
-        landed = sorted(name for name in spellings(row) if resolve(name) is not MISSING)
+        others = NOT_THE_SAME.get(row.tf_name, set())
+        landed = sorted(name for name in spellings(row) - others if resolve(name) is not MISSING)
         if row.kind == "methods":
             landed = method_exists_anywhere(row)
         assert not landed, f"{row.where()} says {match.group(0)!r} on {COLUMN}, but keras_dist has {landed}: update the row"

@@ -12,7 +12,8 @@ scope), `_files` (checkpoints, chief-only files), `_losses` (loss scaling,
 BatchNorm moments), `_steps` (the distributed steps, from the backend
 adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
-`_variables` (variables agree across workers). Nothing here imports jax or tensorflow.
+`_variables` (variables agree across workers), `_ps_fit` (fit under
+ParameterServerStrategy, entered from `_entry`'s fit). Nothing here imports jax or tensorflow.
 
 Hooks:
 {table}
@@ -85,7 +86,7 @@ HOOKS: tuple = (
         Hook(
             f"keras.src.backend.common.variables:Variable.{name}",
             _run_variables.wrap_assign_delta(sign),
-            purpose="run(): the increment aggregates across replicas, as in tf",
+            purpose="run(): the increment aggregates across replicas, as in tf; on a ps: atomic",
         )
         for name, sign in (("assign_add", 1), ("assign_sub", -1))
     ),

@@ -12,7 +12,7 @@ import keras
 
 from keras_dist import _context
 from keras_dist._communication import PeerWorkerError
-from keras_dist._hooks import _files, _optimizers
+from keras_dist._hooks import _files, _optimizers, _ps_fit
 from keras_dist._hooks._patching import model_strategy, remember_strategy
 from keras_dist._input import check_auto_shard_policy, check_batched
 from keras_dist._split import validate_batch_size
@@ -119,6 +119,8 @@ def wrap_entry(name: str):
             _check_scope(self, strategy, name)
             if strategy is None:
                 return original(self, *args, **kwargs)
+            if _ps_fit.is_parameter_server(strategy) and name in ("fit", "train_on_batch"):
+                return _parameter_server_fit(self, strategy, name, signature, args, kwargs)
             if batch_arguments:
                 try:
                     bound = signature.bind(self, *args, **kwargs).arguments
@@ -145,6 +147,22 @@ def wrap_entry(name: str):
         return entry
 
     return make
+
+
+def _parameter_server_fit(model, strategy, name, signature, args, kwargs):
+    """fit under a ParameterServerStrategy: the coordinator's loop
+    (`_ps_fit`), after every check passed."""
+    if name == "train_on_batch":
+        raise NotImplementedError(
+            "train_on_batch is not supported under ParameterServerStrategy (as in "
+            "tf.keras): steps run on the workers. Use fit with a dataset function "
+            "and steps_per_epoch, or a ClusterCoordinator loop."
+        )
+    bound = signature.bind(model, *args, **kwargs).arguments
+    _ps_fit.check_fit_arguments(model, bound)
+    _check_model_variables(model, strategy)
+    with strategy.scope():
+        return _ps_fit.fit(model, strategy, bound)
 
 
 def _no_batch_error(name: str) -> ValueError:

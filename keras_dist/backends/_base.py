@@ -206,9 +206,19 @@ class BackendAdapter(abc.ABC):
 
     @abc.abstractmethod
     def create_per_worker_dataset(self, coordinator: Any, dataset_fn: Callable) -> Any:
-        """A dataset on each worker, made there by `dataset_fn` (called
-        with an `InputContext`, or with no argument if it takes none);
+        """A dataset on each worker, made there by `dataset_fn()` (no
+        argument: the core has bound the `InputContext` already);
         `iter()` of the result is the per-worker iterator `schedule` takes."""
+
+    @abc.abstractmethod
+    def create_server(
+        self, cluster: dict, job_name: str, task_index: int, protocol: Optional[str], config: Any, start: bool
+    ) -> Any:
+        """A server for one task of a parameter-server cluster (`cluster`:
+        job -> addresses), as `tf.distribute.Server`: the result has
+        `start()`, `join()` (blocks for ever) and `target`. Engines whose
+        workers need no server process raise NotImplementedError, naming
+        what to do instead."""
 
     # -- measurement -------------------------------------------------------
 

@@ -100,14 +100,22 @@ class ClusterCoordinator:
         return get_adapter().done(self._engine)
 
     def create_per_worker_dataset(self, dataset_fn: Callable) -> Any:
-        """A dataset on every worker, made there by `dataset_fn`."""
+        """A dataset on every worker, made there by `dataset_fn` (called
+        with a `keras_dist.InputContext` if it takes an argument: one input
+        pipeline, this worker's, as tf.distribute does)."""
         if not callable(dataset_fn):
             raise TypeError(
                 "create_per_worker_dataset takes a function that makes the "
                 f"dataset (it runs on each worker), got {type(dataset_fn).__name__}."
                 " Wrap it: coordinator.create_per_worker_dataset(lambda: dataset)."
             )
-        return get_adapter().create_per_worker_dataset(self._engine, dataset_fn)
+        from keras_dist._input import InputContext
+        from keras_dist._parameter_server import call_dataset_fn
+
+        def per_worker_dataset_fn():
+            return call_dataset_fn(dataset_fn, InputContext(1, 0, 1))
+
+        return get_adapter().create_per_worker_dataset(self._engine, per_worker_dataset_fn)
 
     def fetch(self, val: Any) -> Any:
         """The results of a nest of `RemoteValue`s (others pass unchanged)."""

@@ -33,12 +33,16 @@ _ALIASES = {
 #: Names only tf.distribute.experimental has -> the module that defines them.
 _OWN = {
     "CollectiveHints": "keras_dist._communication",
+    "DatasetCreator": "keras_dist._parameter_server",
     "PreemptionCheckpointHandler": "keras_dist._preemption",
     "TerminationConfig": "keras_dist._preemption",
     "ValueContext": "keras_dist._input",
 }
 
-__all__ = sorted([*_NAMES, *_ALIASES, *_OWN])
+#: Submodules (tf.distribute.experimental.partitioners).
+_SUBMODULES = ("partitioners",)
+
+__all__ = sorted([*_NAMES, *_ALIASES, *_OWN, *_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
@@ -46,7 +50,9 @@ def __getattr__(name: str) -> Any:
 
     import keras_dist
 
-    if name in _NAMES or name in _ALIASES:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"keras_dist.experimental.{name}")
+    elif name in _NAMES or name in _ALIASES:
         value = getattr(keras_dist, _ALIASES.get(name, name))
     elif name in _OWN:
         keras_dist._install_hooks()

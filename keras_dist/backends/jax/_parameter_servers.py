@@ -29,3 +29,10 @@ def done(coordinator):
 
 def create_per_worker_dataset(coordinator, dataset_fn):
     raise NotImplementedError(_NOT_YET)
+
+
+def create_server(cluster, job_name, task_index, protocol, config, start):
+    raise NotImplementedError(
+        "keras_dist.Server: on JAX, workers and parameter servers are Ray actors "
+        "the strategy starts; no server process is needed."
+    )

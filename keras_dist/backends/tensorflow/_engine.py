@@ -405,6 +405,12 @@ def _tf_cross_device_ops(ops):
 
 def create_engine(extended):
     """The tf.distribute strategy for a keras_dist `StrategyExtended`."""
+    from keras_dist._parameter_server import ParameterServerStrategy
+
+    if isinstance(extended._strategy, ParameterServerStrategy):
+        from keras_dist.backends.tensorflow import _parameter_servers
+
+        return _parameter_servers.create_engine(extended)
     if len(extended.engine_devices) != len(extended.worker_devices):
         return _multi_worker["engine"]
     if any(d.startswith("tpu:") for d in extended.worker_devices):
@@ -439,6 +445,10 @@ def owns_variable(engine, variable) -> bool:
     value = getattr(variable, "_value", None)
     if value is None:
         return True
+    if isinstance(engine, tf.distribute.ParameterServerStrategy):
+        from keras_dist.backends.tensorflow import _parameter_servers
+
+        return _parameter_servers.is_engine_variable(value)
     return getattr(value, "_distribute_strategy", None) is engine
 
 

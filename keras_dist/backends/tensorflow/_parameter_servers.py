@@ -1,31 +1,226 @@
-"""ParameterServerStrategy's coordinator on tensorflow (being built: issue #14)."""
+"""ParameterServerStrategy on TensorFlow: tf's own strategy, coordinator and
+servers, with what Keras 3 breaks fixed.
+
+- The engine is tf's `ParameterServerStrategy` over the cluster's gRPC
+  servers (`keras_dist.Server`, one process per ps and worker task); the
+  coordinator is tf's `ClusterCoordinator` (it re-queues the functions of a
+  worker that fails on the others, and raises on a ps failure).
+- Keras 3 writes `assign_add`/`assign_sub` as ``assign(v + x)``: two workers
+  reading v before either writes lose one increment (`iterations` counted 47
+  of 60 scheduled steps with 2 workers). `assign_delta` applies them as tf's
+  own `AssignAddVariableOp` on the ps, which holds the variable's lock.
+- Keras 3 variables cannot hold tf's `ShardedVariable` (gradient tapes watch
+  a variable's one handle), so a partitioner that would split a variable
+  raises, naming the variable (`_keep_whole`).
+- Input stays as the caller gives it: `fit` schedules on per-worker datasets
+  (`create_per_worker_dataset`), and `evaluate`/`predict` run inline on the
+  coordinator (as tf.keras 2 did without `pss_evaluation_shards`).
+"""
 
 from __future__ import annotations
 
-_NOT_YET = (
-    "ParameterServerStrategy is not available on the tensorflow backend yet (issue #14)."
-)
+import contextlib
+import re
+
+import tensorflow as tf
+from tensorflow.python.distribute import ps_values
+from tensorflow.python.distribute import sharded_variable
+from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_coordinator
+from tensorflow.python.distribute.coordinator import values as tf_coordinator_values
+
+from keras_dist import _heartbeat as heartbeat
+
+
+class _KerasParameterServerStrategy(tf.distribute.ParameterServerStrategy):
+    """tf's ParameterServerStrategy whose `experimental_distribute_dataset`
+    (Keras' evaluate/predict, inline on the coordinator) leaves the dataset
+    as it is, as keras_dist's other engines do."""
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
+def _keep_whole(partitioner):
+    """tf calls the partitioner with (shape, dtype); more than one shard
+    would make a ShardedVariable, which a Keras 3 variable cannot hold."""
+    if partitioner is None:
+        return None
+
+    def partition(shape, dtype):
+        partitions = list(partitioner(shape, dtype))
+        if partitions and partitions[0] > 1 and shape.rank and shape[0] > 1:
+            raise NotImplementedError(
+                f"variable_partitioner={partitioner!r} splits a variable of shape "
+                f"{list(shape.as_list())} into {min(partitions[0], shape[0])} shards "
+                "over the ps tasks; on the TensorFlow backend tf makes that a "
+                "ShardedVariable, which a Keras 3 variable cannot hold (gradient "
+                "tapes watch one variable handle). Use variable_partitioner=None: "
+                "each variable then lives whole on one ps, placed round-robin "
+                "over the ps tasks."
+            )
+        return partitions
+
+    return partition
+
+
+def create_engine(extended):
+    """tf's ParameterServerStrategy for keras_dist's `_ParameterServerExtended`."""
+    spec = extended.cluster_resolver.cluster_spec()
+    jobs = spec.as_dict()
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs), task_type="chief", task_id=0, rpc_layer="grpc"
+    )
+    engine = _KerasParameterServerStrategy(
+        resolver, variable_partitioner=_keep_whole(extended.variable_partitioner)
+    )
+    # evaluate/predict run inline on the coordinator: no warning per call
+    engine.extended._allow_run_without_coordinator = True
+    return engine
+
+
+def is_engine_variable(value) -> bool:
+    """A tf variable placed by a ParameterServerStrategy (on a ps task)."""
+    if isinstance(value, (ps_values.CachingVariable, ps_values.AggregatingVariable, sharded_variable.ShardedVariable)):
+        return True
+    return isinstance(value, tf.Variable) and "/job:ps/" in (value.device or "")
+
+
+def assign_delta(variable, value, sign):
+    """tf's atomic assign_add/assign_sub for a variable on a ps; None
+    (Keras' own method runs) for any other."""
+    target = getattr(variable, "_value", None)
+    if target is None or not is_engine_variable(target):
+        return None
+    value = tf.cast(tf.convert_to_tensor(value), target.dtype)
+    return target.assign_add(value) if sign > 0 else target.assign_sub(value)
 
 
 def create_coordinator(strategy):
-    raise NotImplementedError(_NOT_YET)
+    engine = strategy.extended.engine
+    return tf.distribute.experimental.coordinator.ClusterCoordinator(engine)
+
+
+def _engine_argument(value):
+    from keras_dist.coordinator import PerWorkerValues
+
+    if isinstance(value, PerWorkerValues):
+        return tf_coordinator_values.PerWorkerValues(tuple(value._values))
+    return value
+
+
+_PS_ERROR = re.compile(r"remote target /job:ps/replica:0/task:(\d+)")
+
+
+@contextlib.contextmanager
+def _explain_ps_failure():
+    """tf's error for a lost parameter server, as one clear error: the
+    variables on it are gone, so the job cannot go on (tf raises it too;
+    a lost worker is re-scheduled instead and never reaches here)."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as error:
+        found = _PS_ERROR.search(str(error))
+        if found is None:
+            raise
+        from keras_dist._communication import PeerWorkerError
+
+        raise PeerWorkerError(
+            f"Parameter server ps:{found.group(1)} failed (unreachable): the "
+            "variables it held are lost, so training cannot continue. Restart "
+            "the whole job (coordinator, ps and worker tasks) and restore from a "
+            "checkpoint (keras.callbacks.BackupAndRestore or ModelCheckpoint). "
+            f"Engine error: {type(error).__name__}: {str(error).strip().splitlines()[0]}"
+        ) from error
 
 
 def schedule(coordinator, fn, args, kwargs):
-    raise NotImplementedError(_NOT_YET)
+    heartbeat.beat()
+    if not isinstance(fn, tf.types.experimental.PolymorphicFunction):
+        fn = _traced(fn)
+    args = tuple(_engine_argument(a) for a in args)
+    kwargs = {k: _engine_argument(v) for k, v in kwargs.items()}
+    with _explain_ps_failure():
+        return coordinator.schedule(fn, args=args, kwargs=kwargs)
+
+
+#: python function -> its tf.function (tf's coordinator runs tf.functions only)
+_traced_functions: dict = {}
+
+
+def _traced(fn):
+    key = id(fn)
+    entry = _traced_functions.get(key)
+    if entry is None or entry[0] is not fn:
+        entry = (fn, tf.function(fn))
+        _traced_functions[key] = entry
+    return entry[1]
 
 
 def fetch(coordinator, remote_value):
-    raise NotImplementedError(_NOT_YET)
+    heartbeat.beat()
+    with _explain_ps_failure():
+        return remote_value.fetch()
 
 
 def join(coordinator):
-    raise NotImplementedError(_NOT_YET)
+    heartbeat.beat()
+    with _explain_ps_failure():
+        coordinator.join()
 
 
 def done(coordinator):
-    raise NotImplementedError(_NOT_YET)
+    with _explain_ps_failure():
+        return coordinator.done()
 
 
 def create_per_worker_dataset(coordinator, dataset_fn):
-    raise NotImplementedError(_NOT_YET)
+    return coordinator.create_per_worker_dataset(dataset_fn)
+
+
+def make_step_function(model, engine):
+    """fit's step for the coordinator to schedule: a tf.function taking the
+    per-worker iterator, running `steps_per_execution` of Keras'
+    `train_step` on the worker (tf.keras 2's loop), returning the last
+    step's logs."""
+    steps = int(model.steps_per_execution)
+
+    def one_step(iterator):
+        outputs = engine.run(model.train_step, args=(next(iterator),))
+        return tf.nest.map_structure(lambda v: engine.experimental_local_results(v)[0], outputs)
+
+    def step(iterator):
+        outputs = one_step(iterator)
+        for _ in tf.range(steps - 1):
+            outputs = one_step(iterator)
+        return outputs
+
+    # tf's coordinator schedules tf.functions only: traced even with run_eagerly
+    return tf.function(step)
+
+
+class EngineServer:
+    """tf.distribute.Server, as `keras_dist.Server`'s engine."""
+
+    def __init__(self, cluster, job_name, task_index, protocol, config, start):
+        self._server = tf.distribute.Server(
+            tf.train.ClusterSpec(cluster),
+            job_name=job_name,
+            task_index=task_index,
+            protocol=protocol or "grpc",
+            config=config,
+            start=start,
+        )
+
+    @property
+    def target(self) -> str:
+        return self._server.target
+
+    def start(self) -> None:
+        self._server.start()
+
+    def join(self) -> None:
+        self._server.join()
+
+
+def create_server(cluster, job_name, task_index, protocol, config, start):
+    return EngineServer(cluster, job_name, task_index, protocol, config, start)

@@ -148,7 +148,15 @@ def assign_delta_in_replica(variable, value, sign):
     own `assign_add`/`assign_sub` of the distributed variable, which
     aggregates the increment (Keras' ``assign(v + x)`` would aggregate the
     replicas' new values: a "sum" variable would get every replica's copy
-    of v added up). None elsewhere."""
+    of v added up). A variable on a parameter server, anywhere (a worker's
+    scheduled function or the coordinator), gets tf's atomic
+    `assign_add`/`assign_sub` on the ps (Keras' read-then-write would lose
+    a concurrent worker's update). None elsewhere."""
+    from keras_dist.backends.tensorflow import _parameter_servers
+
+    on_ps = _parameter_servers.assign_delta(variable, value, sign)
+    if on_ps is not None:
+        return on_ps
     if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
         return None
     target = getattr(variable, "_value", None)

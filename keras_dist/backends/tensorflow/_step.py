@@ -213,7 +213,19 @@ def sum_gradients_over_replicas(values):
 
 def make_trainer_function(model, strategy, kind: str):
     """Keras' ``{kind}_function`` for `model` under `strategy`, or None
-    where Keras' own serves (one replica: nothing to split or reduce)."""
+    where Keras' own serves (one replica: nothing to split or reduce).
+
+    Under a ParameterServerStrategy, "train" is the step the coordinator
+    schedules, ``step(per_worker_iterator) -> logs``; evaluate and predict
+    take Keras' own, run inline on the coordinator (None)."""
+    from keras_dist._parameter_server import ParameterServerStrategy
+
+    if isinstance(strategy, ParameterServerStrategy):
+        if kind != "train":
+            return None
+        from keras_dist.backends.tensorflow import _parameter_servers
+
+        return _parameter_servers.make_step_function(model, strategy.extended.engine)
     if strategy.num_replicas_in_sync == 1:
         return None
     engine = strategy.extended.engine

@@ -1,0 +1,218 @@
+"""ParameterServerStrategy on the TensorFlow engine: real ps and worker
+server processes on 127.0.0.1 (`keras-dist launch --workers N --ps M`, the
+test script being the chief), each job under a timeout, every process
+reaped by the launcher. The JAX engine's tests are its own."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import BACKEND
+
+import keras_dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "tests", "workers", "ps_job.py")
+
+tf_engine = pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="the TensorFlow engine (tf's servers and coordinator)"
+)
+
+
+def _job(tmp_path, workers, ps, mode, steps=None, timeout=150):
+    out = tmp_path / f"{mode}.json"
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable, "-m", "keras_dist.launch", "--workers", str(workers), "--ps", str(ps),
+        "--timeout", "90", "--max-time", str(timeout - 10), JOB, str(out), mode,
+        *([str(steps)] if steps else []),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@tf_engine
+def test_one_worker_matches_single_device_step_for_step(tmp_path):
+    report = _job(tmp_path, 1, 1, "loop", 40)
+    assert report["iterations"] == 40 and report["counter"] == 40.0
+    assert report["max_diff"] < 1e-5, report
+
+
+@tf_engine
+def test_two_workers_two_ps_no_lost_update_and_every_variable_on_a_ps(tmp_path):
+    report = _job(tmp_path, 2, 2, "loop", 60)
+    # Keras' assign_add is a read-then-write: without keras_dist's atomic
+    # increment two workers lost updates (47 of 60 measured).
+    assert report["iterations"] == 60
+    assert report["counter"] == 60.0  # each scheduled step applied once
+    assert report["done"] is True
+    devices = report["devices"]
+    assert all("/job:ps/" in device for device in devices.values()), devices
+    assert {d.split("/task:")[1][0] for d in devices.values()} == {"0", "1"}  # round-robin over both ps
+
+
+@tf_engine
+def test_fit_with_dataset_function_callbacks_evaluate_predict(tmp_path):
+    report = _job(tmp_path, 2, 2, "fit", 32, timeout=180)
+    history = report["history"]
+    assert set(history) == {"accuracy", "loss", "val_accuracy", "val_loss"}
+    assert len(history["loss"]) == 3 and history["loss"][-1] < history["loss"][0]
+    assert len(report["history_plain_callable"]["loss"]) == 1  # epoch 3 of 4: a plain callable
+    assert report["iterations"] == 4 * 32  # every scheduled step, exactly once
+    # asynchronous: not equal to one device, but in the same band
+    assert report["evaluate"]["accuracy"] >= report["single_device_accuracy"] - 0.06, report
+    assert report["predict_shape"] == [256, 1]
+    assert "ckpt.weights.h5" in report["files"] and "tb" in report["files"]
+
+
+@tf_engine
+def test_worker_killed_mid_training_is_rescheduled(tmp_path):
+    report = _job(tmp_path, 2, 1, "kill", 60)
+    assert report.get("killed"), report
+    assert "error" not in report, report
+    assert report["iterations"] == 60
+
+
+@tf_engine
+def test_ps_killed_gives_a_clear_error_not_a_hang(tmp_path):
+    report = _job(tmp_path, 2, 1, "ps-dies", 60)
+    assert report.get("killed"), report
+    assert report["error"].startswith("PeerWorkerError: Parameter server ps:0 failed"), report["error"][:300]
+    assert report["error_seconds"] < 60
+
+
+@tf_engine
+def test_bad_inputs_raise_one_clear_error_each_before_any_change(tmp_path):
+    report = _job(tmp_path, 1, 1, "bad-inputs")
+    errors = report["errors"]
+    assert "needs steps_per_epoch" in errors["missing steps_per_epoch"]
+    assert "takes a dataset function" in errors["a dataset, not a function"]
+    assert "takes a dataset function" in errors["arrays, not a function"]
+    assert "does not take batch_size" in errors["batch_size with a function"]
+    assert errors["train_on_batch"].startswith("NotImplementedError")
+    assert "created outside any strategy scope" in errors["model made outside the scope"]
+    assert "created outside the scope" in errors["metric made outside the scope"]
+    assert report["unchanged"] and report["iterations"] == 0
+
+
+# -- the core, without a cluster (both backends) ------------------------------
+
+
+def _resolver(cluster, task="chief"):
+    return keras_dist.cluster_resolver.SimpleClusterResolver(
+        keras_dist.cluster_resolver.ClusterSpec(cluster), task_type=task, task_id=0
+    )
+
+
+def test_cluster_without_ps_is_refused():
+    with pytest.raises(ValueError, match="at least one 'ps' task"):
+        keras_dist.ParameterServerStrategy(_resolver({"chief": ["a:1"], "worker": ["a:2"]}))
+    with pytest.raises(ValueError, match="at least one 'worker' task"):
+        keras_dist.ParameterServerStrategy(_resolver({"chief": ["a:1"], "ps": ["a:2"]}))
+    with pytest.raises(ValueError, match="made on the coordinator"):
+        keras_dist.ParameterServerStrategy(_resolver({"chief": ["a:1"], "worker": ["a:2"], "ps": ["a:3"]}, "worker"))
+
+
+def test_experimental_names():
+    assert keras_dist.experimental.ParameterServerStrategy is keras_dist.ParameterServerStrategy
+    partitioners = keras_dist.experimental.partitioners
+    assert partitioners.MinSizePartitioner.__module__ == "keras_dist._partitioners"
+    creator = keras_dist.experimental.DatasetCreator(lambda context: context)
+    assert creator("ctx") == "ctx"
+    with pytest.raises(TypeError, match="takes a function"):
+        keras_dist.experimental.DatasetCreator([1, 2])
+
+
+def test_server_checks_its_arguments():
+    cluster = {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}
+    with pytest.raises(ValueError, match="job_name is required"):
+        keras_dist.Server(cluster)
+    with pytest.raises(ValueError, match="not a task of job"):
+        keras_dist.Server(cluster, job_name="ps", task_index=3)
+    with pytest.raises(ValueError, match="protocol"):
+        keras_dist.Server(cluster, job_name="ps", task_index=0, protocol="http")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX has no server process")
+def test_server_on_jax_names_the_alternative():
+    with pytest.raises(NotImplementedError, match="Ray actors"):
+        keras_dist.Server({"ps": ["127.0.0.1:1"]}, job_name="ps", task_index=0, start=False)
+
+
+@tf_engine
+def test_server_starts_and_has_a_target():
+    from keras_dist.launch import free_ports
+
+    port = free_ports(1)[0]
+    server = keras_dist.Server({"ps": [f"127.0.0.1:{port}"]}, job_name="ps", task_index=0, start=False)
+    assert server.target == f"grpc://127.0.0.1:{port}"
+
+
+# -- partitioners: tf's own as the oracle --------------------------------------
+
+SHAPES = [(1,), (6, 1), (10, 3), (7, 5, 2), (1000, 64), (3, 0), (257, 1024)]
+DTYPES = ["float32", "float16", "int64", "int8", "bool", "bfloat16", "string", "float64"]
+
+
+@pytest.mark.needs_tensorflow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_partitioners_match_tf(dtype):
+    import tensorflow as tf
+
+    ours = keras_dist.experimental.partitioners
+    theirs = tf.distribute.experimental.partitioners
+    makers = [
+        lambda p: p.FixedShardsPartitioner(num_shards=3),
+        lambda p: p.FixedShardsPartitioner(num_shards=1),
+        lambda p: p.MinSizePartitioner(min_shard_bytes=4, max_shards=10),
+        lambda p: p.MinSizePartitioner(min_shard_bytes=1000, max_shards=4, bytes_per_string=8),
+        lambda p: p.MinSizePartitioner(),
+        lambda p: p.MaxSizePartitioner(max_shard_bytes=4),
+        lambda p: p.MaxSizePartitioner(max_shard_bytes=100, max_shards=3),
+        lambda p: p.MaxSizePartitioner(max_shard_bytes=1 << 20),
+    ]
+    checked = 0
+    for make in makers:
+        for shape in SHAPES:
+            if 0 in shape and "MaxSize" in repr(make(ours)):
+                continue  # tf divides by the axis' size: zero rows raise in both
+            for axis in range(len(shape)):
+                want = make(theirs)(tf.TensorShape(shape), tf.as_dtype(dtype), axis=axis)
+                assert make(ours)(shape, dtype, axis=axis) == want, (make(ours), shape, dtype, axis)
+                # tf's own arguments (TensorShape, DType) work as well
+                assert make(ours)(tf.TensorShape(shape), tf.as_dtype(dtype), axis=axis) == want
+                checked += 1
+    assert checked > 100
+
+
+def test_partitioners_refuse_bad_arguments():
+    p = keras_dist.experimental.partitioners
+    for make in (lambda: p.MinSizePartitioner(min_shard_bytes=0), lambda: p.MinSizePartitioner(max_shards=0),
+                 lambda: p.MaxSizePartitioner(max_shard_bytes=0), lambda: p.MaxSizePartitioner(1, max_shards=-1)):
+        with pytest.raises(ValueError, match="must be positive"):
+            make()
+    assert np.array_equal(p.FixedShardsPartitioner(2)((10, 3), "float32"), [2, 1])
+
+
+@tf_engine
+def test_example_through_the_launcher():
+    env = dict(
+        os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "--workers", "2", "--ps", "1", "--timeout", "90",
+         "--max-time", "140", os.path.join(ROOT, "examples", "parameter_server.py")],
+        env=env, capture_output=True, text=True, timeout=150,
+    )
+    assert result.returncode == 0 and "[chief] MATCH" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]

@@ -1,0 +1,211 @@
+"""The coordinator (chief) of a parameter-server test job, started by
+`keras-dist launch --workers N --ps M`; writes what it measured to OUT.json.
+
+argv: OUT MODE [STEPS]
+MODE:
+- "loop": a ClusterCoordinator loop of STEPS scheduled SGD steps (a
+  deterministic dataset); reports optimizer.iterations, a per-step counter
+  variable, where every variable lives, and (1 worker) the max difference
+  from the same steps on one device.
+- "fit": model.fit with a DatasetCreator and a plain dataset function,
+  validation, evaluate and predict, ModelCheckpoint/BackupAndRestore/
+  TensorBoard on the coordinator; reports accuracy next to single-device fit.
+- "kill": a loop during which worker 1's server process is killed (found
+  by its port) with steps in flight; reports iterations.
+- "bad-inputs": fit's bad inputs, each error, and that nothing changed.
+- "ps-dies": a loop during which ps 0 is killed; reports the error and the
+  seconds it took.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+out, mode = sys.argv[1], sys.argv[2]
+steps = int(sys.argv[3]) if len(sys.argv) > 3 else 40
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_dist  # noqa: E402
+
+report = {}
+BATCH = 8
+rng = np.random.default_rng(0)
+X = rng.normal(size=(256, 8)).astype("float32")
+Y = (X[:, :1] + 0.5 * X[:, 1:2] - 0.25 * X[:, 2:3] > 0).astype("float32")
+
+
+def dataset_fn(input_context=None):
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(BATCH).repeat()
+
+
+def make_model():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1, activation="sigmoid")])
+
+
+strategy = keras_dist.ParameterServerStrategy(keras_dist.cluster_resolver.TFConfigClusterResolver())
+report["repr"] = repr(strategy)
+
+
+def custom_loop(n):
+    coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.SGD(0.05)
+        optimizer.build(model.trainable_variables)
+        counter = keras.Variable(0.0, name="counter", trainable=False)
+    report["devices"] = {v.path: v.value.device for v in [*model.variables, *optimizer.variables, counter]}
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(iterator):
+        def replica(batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+            counter.assign_add(1.0)
+            return loss
+
+        return strategy.run(replica, args=(next(iterator),))
+
+    start = time.monotonic()
+    results = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
+    coordinator.join()
+    report["seconds"] = time.monotonic() - start
+    report["done"] = coordinator.done()
+    report["losses"] = [float(r.fetch()) for r in results[-3:]]
+    report["iterations"] = int(optimizer.iterations.numpy())
+    report["counter"] = float(counter.numpy())
+    return model
+
+
+def single_device_weights(n):
+    model = make_model()
+    optimizer = keras.optimizers.SGD(0.05)
+    batches = iter(dataset_fn())
+    for _ in range(n):
+        x, y = next(batches)
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+if mode == "loop":
+    model = custom_loop(steps)
+    if strategy.extended.num_remote_workers == 1:
+        reference = single_device_weights(steps)
+        report["max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference))
+elif mode == "fit":
+    files = out + ".files"
+    os.makedirs(files, exist_ok=True)
+    with strategy.scope():
+        model = make_model()
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(os.path.join(files, "ckpt.weights.h5"), save_weights_only=True),
+        keras.callbacks.BackupAndRestore(os.path.join(files, "backup")),
+        keras.callbacks.TensorBoard(os.path.join(files, "tb")),
+    ]
+    history = model.fit(
+        keras_dist.experimental.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=steps,
+        validation_data=(X, Y), callbacks=callbacks, verbose=0,
+    )
+    report["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    history2 = model.fit(dataset_fn, epochs=4, initial_epoch=3, steps_per_epoch=steps, verbose=0)
+    report["history_plain_callable"] = {k: [float(v) for v in vs] for k, vs in history2.history.items()}
+    report["iterations"] = int(model.optimizer.iterations.numpy())
+    report["evaluate"] = model.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
+    report["predict_shape"] = list(model.predict(X, batch_size=32, verbose=0).shape)
+    report["files"] = sorted(os.listdir(files))
+    reference = make_model()
+    reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
+    reference.fit(dataset_fn(), epochs=4, steps_per_epoch=steps, verbose=0)
+    report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+elif mode == "bad-inputs":
+    with strategy.scope():
+        model = make_model()
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+    outside = make_model()  # outside the scope
+    outside.compile(optimizer="sgd", loss="binary_crossentropy")
+    outside_metric = keras.metrics.BinaryAccuracy()
+
+    def _in_scope(call):
+        with strategy.scope():
+            return call()
+
+    before = [np.asarray(w) for w in model.get_weights()]
+    errors = {}
+    cases = {
+        "missing steps_per_epoch": lambda: model.fit(dataset_fn, epochs=1),
+        "a dataset, not a function": lambda: model.fit(dataset_fn(), steps_per_epoch=2),
+        "arrays, not a function": lambda: model.fit(X, Y, steps_per_epoch=2),
+        "batch_size with a function": lambda: model.fit(dataset_fn, steps_per_epoch=2, batch_size=8),
+        "train_on_batch": lambda: model.train_on_batch(X[:8], Y[:8]),
+        "model made outside the scope": lambda: _in_scope(lambda: outside.fit(dataset_fn, steps_per_epoch=2)),
+        "metric made outside the scope": lambda: model.compile(
+            optimizer="sgd", loss="binary_crossentropy", metrics=[outside_metric]
+        ),
+    }
+    for name, call in cases.items():
+        try:
+            call()
+            errors[name] = None
+        except Exception as error:  # noqa: BLE001 - reported
+            errors[name] = f"{type(error).__name__}: {error}"
+    report["errors"] = errors
+    report["unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    report["iterations"] = int(model.optimizer.iterations.numpy())
+    report["built_optimizer"] = model.optimizer.built
+elif mode in ("kill", "ps-dies"):
+    target = "worker" if mode == "kill" else "ps"
+    coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.SGD(0.05)
+        optimizer.build(model.trainable_variables)
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def step(iterator):
+        def replica(batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
+            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            return loss
+
+        return strategy.run(replica, args=(next(iterator),))
+
+    address = strategy.cluster_resolver.cluster_spec().task_address(target, 1 if target == "worker" else 0)
+    port = address.rsplit(":", 1)[1]
+    start = time.monotonic()
+    try:
+        for i in range(steps):
+            coordinator.schedule(step, args=(iterator,))
+            if i == steps // 3:  # steps are in flight on both workers
+                # the server listening on the task's port: find its pid
+                import subprocess
+
+                pid = subprocess.run(["fuser", f"{port}/tcp"], capture_output=True, text=True).stdout.split()
+                pid = [int(p) for p in pid if p.strip().isdigit() and int(p) != os.getpid()]
+                report["killed"] = pid
+                for p in pid:
+                    os.kill(p, signal.SIGKILL)
+                killed_at = time.monotonic()
+        coordinator.join()
+        report["iterations"] = int(optimizer.iterations.numpy())
+    except Exception as error:  # noqa: BLE001 - reported
+        report["error"] = f"{type(error).__name__}: {error}"[:2000]
+        report["error_seconds"] = time.monotonic() - killed_at
+with open(out, "w") as f:
+    json.dump(report, f)

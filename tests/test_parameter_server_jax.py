@@ -127,3 +127,248 @@ def test_one_worker_one_ps_equals_one_device_step_for_step(make_cluster):
     assert _max_diff([v.value for v in model.optimizer.variables], [v.value for v in reference.optimizer.variables]) < 1e-5
     report = cluster.ps_reports()[0]
     assert report["applied"] == len(batches) and report["duplicates"] == 0
+
+
+def _local_ray_only():
+    """Ray here is one node, this machine (Ray names it by its own address)."""
+    import socket
+
+    import ray
+
+    nodes = ray.nodes()
+    if len(nodes) != 1:
+        return False
+    with socket.socket() as probe:  # binding works only to an address of this machine
+        probe.bind((nodes[0]["NodeManagerAddress"], 0))
+    return True
+
+
+def test_custom_loop_jax_api_equals_one_device(make_cluster):
+    """The JAX custom loop: gradients from jax.grad over model.stateless_call,
+    pushed by optimizer.apply_gradients inside the scheduled function."""
+    import jax
+
+    strategy, coordinator = make_cluster(1, 1)
+    assert _local_ray_only()
+    x, y = _task(192)
+    batches = _batches(x, y, 32)
+    with strategy.scope():
+        model = _model(seed=3)
+        optimizer = keras.optimizers.SGD(0.5, momentum=0.9)
+    reference = _reference(model, "sgd")
+    reference_optimizer = keras.optimizers.SGD(0.5, momentum=0.9)
+
+    def loss_and_grads(model, bx, by):
+        def loss_fn(trainable):
+            non_trainable = [v.value for v in model.non_trainable_variables]
+            y_pred, _ = model.stateless_call(trainable, non_trainable, bx, training=True)
+            return keras.ops.mean(keras.losses.binary_crossentropy(by, y_pred))
+
+        return jax.value_and_grad(loss_fn)([v.value for v in model.trainable_variables])
+
+    def step_fn(iterator):
+        bx, by = next(iterator)
+
+        def replica_fn(bx, by):
+            loss, grads = loss_and_grads(model, bx, by)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(replica_fn, args=(bx, by)), axis=None)
+
+    iterator = iter(coordinator.create_per_worker_dataset(lambda: iter(batches)))
+    for bx, by in batches:
+        loss = coordinator.schedule(step_fn, args=(iterator,))
+        expected_loss, grads = loss_and_grads(reference, bx, by)
+        reference_optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+        coordinator.join()
+        assert abs(float(loss.fetch()) - float(expected_loss)) < 1e-5
+        assert _max_diff(model.get_weights(), reference.get_weights()) < 1e-5
+    assert int(optimizer.iterations) == len(batches)
+
+
+def test_partitioned_variables_on_two_ps_equal_one_device(make_cluster):
+    """A partitioner splits variables along axis 0 over the ps; with one
+    worker the result is still one device's, and each ps counts each step."""
+    strategy, coordinator = make_cluster(1, 2, partitioner=lambda shape, dtype: [2] + [1] * (len(shape) - 1))
+    cluster = _cluster(strategy)
+    x, y = _task(160)
+    batches = _batches(x, y, 32)
+    with strategy.scope():
+        model = _model(seed=4)
+        model.compile(optimizer=keras.optimizers.RMSprop(0.01), loss="binary_crossentropy")
+    reference = _reference(model, keras.optimizers.RMSprop(0.01))
+    step = _train_step(model, strategy)
+    iterator = iter(coordinator.create_per_worker_dataset(lambda: iter(batches)))
+    for _ in batches:
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    for bx, by in batches:
+        reference.train_on_batch(bx, by)
+    kernel, bias = model.layers[0].kernel, model.layers[0].bias
+    assert cluster.where(kernel) == [0, 1]  # rows 0-2 on ps 0, rows 3-5 on ps 1
+    assert len(cluster.where(bias)) == 2
+    assert _max_diff(model.get_weights(), reference.get_weights()) < 1e-5
+    reports = cluster.ps_reports()
+    assert [r["applied"] for r in reports] == [len(batches)] * 2
+    assert [list(r["iterations"].values()) for r in reports] == [[len(batches)]] * 2
+    assert int(model.optimizer.iterations) == len(batches)
+
+
+def test_two_workers_two_ps_every_variable_on_a_ps_every_step_applied_once(make_cluster):
+    strategy, coordinator = make_cluster(2, 2)
+    cluster = _cluster(strategy)
+    x, y = _task(512)
+    batches = _batches(x, y, 32)
+    steps = 96
+    with strategy.scope():
+        model = _model(seed=5)
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
+    reference = _reference(model, keras.optimizers.Adam(0.02))
+    step = _train_step(model, strategy)
+
+    def dataset_fn(context):
+        import itertools
+
+        mine = batches[context.input_pipeline_id :: context.num_input_pipelines]
+        return itertools.cycle(mine)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    coordinator.schedule(step, args=(iterator,))  # models reach the workers before timing
+    coordinator.join()
+    start = time.perf_counter()
+    results = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps - 1)]
+    coordinator.join()
+    ps_seconds = (time.perf_counter() - start) / (steps - 1)
+    start = time.perf_counter()
+    for i in range(steps):
+        reference.train_on_batch(*batches[i % len(batches)])
+    one_seconds = (time.perf_counter() - start) / steps
+
+    # every variable lives on a ps, both ps hold some, and the ps hold nothing else
+    placed = [cluster.where(v) for v in model.variables]
+    assert all(len(p) == 1 for p in placed) and {p[0] for p in placed} == {0, 1}
+    reports = cluster.ps_reports()
+    assert sorted(k for r in reports for k in r["keys"]) == sorted((i, 0) for i in range(len(model.variables)))
+    # every scheduled step applied exactly once, on every ps; both workers worked
+    assert [r["applied"] for r in reports] == [steps, steps]
+    assert [r["duplicates"] for r in reports] == [0, 0]
+    assert [list(r["iterations"].values()) for r in reports] == [[steps], [steps]]
+    assert int(model.optimizer.iterations) == steps
+    executed = [w["executed"] for w in cluster.worker_reports()]
+    assert sum(executed) == steps and min(executed) > 0, executed
+    assert all(np.isfinite(r.fetch()["loss"]) for r in results)
+    # converges to single-device accuracy
+    trained = _reference(model, "sgd")
+    ps_accuracy = trained.evaluate(x, y, verbose=0, return_dict=True)["accuracy"]
+    one_accuracy = reference.evaluate(x, y, verbose=0, return_dict=True)["accuracy"]
+    print(f"\naccuracy: ps {ps_accuracy:.3f}, one device {one_accuracy:.3f}; "
+          f"seconds per step: ps {ps_seconds * 1e3:.1f} ms, one device {one_seconds * 1e3:.1f} ms")
+    assert one_accuracy > 0.9 and abs(ps_accuracy - one_accuracy) <= 0.05
+
+
+def _wait_for(predicate, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_lost_worker_s_functions_run_on_the_others(make_cluster):
+    import ray
+
+    strategy, coordinator = make_cluster(2, 1)
+    cluster = _cluster(strategy)
+    x, y = _task(256)
+    batches = _batches(x, y, 32)
+    steps = 200
+    with strategy.scope():
+        model = _model(seed=6)
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+    step = _train_step(model, strategy)
+
+    def dataset_fn():
+        import itertools
+
+        return itertools.cycle(batches)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    for _ in range(steps):
+        coordinator.schedule(step, args=(iterator,))
+    _wait_for(lambda: cluster.stats["completed"] >= 10)
+    ray.kill(cluster.slots[0].handle)
+    coordinator.join()
+    assert cluster.stats["redispatched"] >= 1
+    assert cluster.stats["completed"] == steps
+    assert int(model.optimizer.iterations) == steps
+    assert cluster.ps_reports()[0]["applied"] == steps
+
+
+def test_a_lost_ps_is_a_clear_error_not_a_hang(make_cluster):
+    import ray
+
+    from keras_dist.backends.jax._ray_actors import ParameterServerError
+
+    strategy, coordinator = make_cluster(1, 1)
+    cluster = _cluster(strategy)
+    x, y = _task(128)
+    batches = _batches(x, y, 32)
+    with strategy.scope():
+        model = _model(seed=7)
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+    step = _train_step(model, strategy)
+
+    def dataset_fn():
+        import itertools
+
+        return itertools.cycle(batches)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results = [coordinator.schedule(step, args=(iterator,)) for _ in range(300)]
+    _wait_for(lambda: cluster.stats["completed"] >= 5)
+    ray.kill(cluster.ps[0])
+    start = time.monotonic()
+    with pytest.raises(ParameterServerError, match="parameter server was lost"):
+        coordinator.join()
+    assert time.monotonic() - start < 30
+    with pytest.raises(ParameterServerError):
+        results[-1].fetch()
+    with pytest.raises(ParameterServerError):
+        coordinator.schedule(step, args=(iterator,))
+
+
+def test_bad_inputs_one_clear_error_each_before_any_state_changes(make_cluster):
+    with pytest.raises(ValueError, match="at least one 'ps' task"):
+        keras_dist.ParameterServerStrategy(
+            keras_dist.cluster_resolver.SimpleClusterResolver(
+                {"chief": ["localhost:1"], "worker": ["localhost:2"]}, task_type="chief", task_id=0
+            )
+        )
+    remote = keras_dist.ParameterServerStrategy(_resolver(1, 1, host="10.1.2.3"))
+    with pytest.raises(ValueError, match="localhost addresses"):
+        with remote.scope():
+            pass
+
+    strategy, coordinator = make_cluster(1, 1)
+    cluster = _cluster(strategy)
+    x, y = _task(64)
+    with pytest.raises(TypeError, match="function that makes the dataset"):
+        coordinator.create_per_worker_dataset(_batches(x, y, 32))
+    assert cluster.datasets == {}
+
+    outside = _model()
+    with pytest.raises(ValueError, match="outside the scope"):
+        coordinator.schedule(lambda: outside(x[:2]))
+    with strategy.scope():
+        inside = _model()
+    outside_optimizer = keras.optimizers.SGD()
+    with pytest.raises(ValueError, match="Optimizer '.*' was created outside the scope"):
+        coordinator.schedule(lambda: outside_optimizer.apply_gradients([]))
+    assert cluster.stats["scheduled"] == 0 and not cluster.queue
+    assert not [v for v in cluster.variables if any(v is w for w in outside.variables)]
+
+    with strategy.scope():
+        inside.compile(optimizer="sgd", loss="mse")
+    step = _train_step(inside, strategy)
+    with pytest.raises(RuntimeError, match="Schedule it"):
+        step(iter([]))

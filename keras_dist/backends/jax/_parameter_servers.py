@@ -524,16 +524,19 @@ class Cluster:
                     self._cancel_queued(error)
             self.cond.notify_all()
 
-    def _cancel_queued(self, error) -> None:
+    def _cancel_queued(self, error, fatal=False) -> None:
         while self.queue:
             closure = self.queue.popleft()
-            closure.finish(error=CancelledError(f"Not run: an earlier scheduled function failed ({type(error).__name__}: {error})."))
+            if fatal:  # the cluster cannot run anything: the cause, for every function
+                closure.finish(error=error)
+            else:
+                closure.finish(error=CancelledError(f"Not run: an earlier scheduled function failed ({type(error).__name__}: {error})."))
 
     def _fail(self, error) -> None:
         with self.cond:
             if self.fatal is None:
                 self.fatal = error
-            self._cancel_queued(error)
+            self._cancel_queued(self.fatal, fatal=True)
             self.cond.notify_all()
 
     def done(self) -> bool:

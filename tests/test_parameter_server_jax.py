@@ -402,3 +402,56 @@ def test_bad_inputs_one_clear_error_each_before_any_state_changes(one_one):
     step = _train_step(inside, strategy)
     with pytest.raises(RuntimeError, match="Schedule it"):
         step(iter([]))
+
+
+def test_ray_is_optional_and_imported_only_by_the_jax_engine():
+    """Ray is imported by keras_dist/backends/jax/ only; without it, the
+    error names the extra (checked in a process where `import ray` fails)."""
+    import ast
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(keras_dist.__file__).parent
+    importers = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n == "ray" or n.startswith("ray.") for n in names):
+                importers.add(path.relative_to(root).as_posix())
+    assert importers == {"backends/jax/_ray_actors.py", "backends/jax/_parameter_servers.py"}
+    program = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import keras_dist\n"
+        "from keras_dist.backends import get_adapter; get_adapter()\n"
+        "r = keras_dist.cluster_resolver.SimpleClusterResolver({'chief': ['localhost:1'], 'worker': ['localhost:2'],"
+        " 'ps': ['localhost:3']}, task_type='chief', task_id=0)\n"
+        "s = keras_dist.ParameterServerStrategy(r)\n"
+        "try:\n    keras_dist.coordinator.ClusterCoordinator(s)\n"
+        "except ImportError as e:\n    print('ERROR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert 'pip install "keras-dist[ray]"' in out.stdout, out.stdout + out.stderr
+
+
+def test_coordinator_writes_reach_the_workers_and_join_reads_the_ps(one_one):
+    """Weights set in the coordinator (set_weights, a restored checkpoint)
+    are sent at the next schedule; after join() the coordinator reads the
+    ps values (the worker's write below)."""
+    strategy, coordinator = one_one
+    with strategy.scope():
+        model = _model(seed=8)
+    seen = coordinator.schedule(lambda: [w.copy() for w in model.get_weights()])
+    assert _max_diff(seen.fetch(), model.get_weights()) == 0
+    ones = [np.ones_like(w) for w in model.get_weights()]
+    model.set_weights(ones)
+    seen = coordinator.schedule(lambda: [w.copy() for w in model.get_weights()])
+    assert _max_diff(seen.fetch(), ones) == 0
+
+    def write():
+        model.layers[1].bias.assign(np.full((1,), 7.0, "float32"))
+
+    coordinator.schedule(write)
+    assert float(model.layers[1].bias.numpy()[0]) == 1.0  # not read until join
+    coordinator.join()
+    assert float(model.layers[1].bias.numpy()[0]) == 7.0

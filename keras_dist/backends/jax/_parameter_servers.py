@@ -165,6 +165,7 @@ class Cluster:
         self.variables: list = []  # vid -> coordinator keras.Variable
         self.vid_of: dict = {}  # id(variable) -> vid
         self.placement: dict = {}  # vid -> [(ps, key, rows|None)]
+        self.known_values: dict = {}  # vid -> the array the ps were last given / we last pulled
         self.models: dict = {}  # id(model) -> (mid, model, layout, oid, bytes)
         self.optimizers: dict = {}  # id(optimizer) -> (oid, optimizer)
         self.datasets: dict = {}  # dsid -> fn bytes
@@ -297,6 +298,7 @@ class Cluster:
                 self.vid_of[id(variable)] = vid
                 self.placement[vid] = placement
                 layout.append((vid, placement))
+                self.known_values[vid] = variable._value
                 value = np.asarray(variable.value)
                 for ps, key, rows in placement:
                     puts.setdefault(ps, {})[key] = value if rows is None else value[rows[0] : rows[1]]
@@ -435,12 +437,28 @@ class Cluster:
         unique = list(dict.fromkeys(needs))
         return buffer.getvalue(), unique
 
+    def send_coordinator_writes(self) -> None:
+        """Model variables assigned in the coordinator since they were sent
+        or pulled (set_weights, a restored checkpoint) go to the ps."""
+        puts: dict = {}
+        for vid, variable in enumerate(self.variables):
+            if variable._value is self.known_values.get(vid):
+                continue
+            value = np.asarray(variable.value)
+            for ps, key, rows in self.placement[vid]:
+                puts.setdefault(ps, {})[key] = value if rows is None else value[rows[0] : rows[1]]
+            self.known_values[vid] = variable._value
+        if puts:
+            self._get([self.ps[p].put.remote(v) for p, v in puts.items()], "sending the coordinator's writes")
+
     # -- scheduling
     def schedule(self, fn, args, kwargs) -> _Closure:
         with self.lock:
             if self.fatal is not None:
                 raise self.fatal
         self.start()
+        with self.lock:
+            self.send_coordinator_writes()
         payload, needs = self.pickle_call(fn, args, kwargs)
         closure = _Closure(payload, needs)
         with self.cond:
@@ -582,6 +600,7 @@ class Cluster:
         for vid, variable in enumerate(self.variables):
             parts = [values[key] for _, key, _ in self.placement[vid]]
             variable.assign(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+            self.known_values[vid] = variable._value
         for oid, optimizer in list(self.optimizers.values()):
             states = self._get([p.optimizer_state.remote(oid) for p in self.ps], "reading the optimizer")
             if states[0] is None:

@@ -146,6 +146,7 @@ def test_one_worker_one_ps_equals_one_device_step_for_step(one_one):
         expected = reference.train_on_batch(bx, by, return_dict=True)
         diffs.append(_max_diff(model.get_weights(), reference.get_weights()))
         assert abs(float(logs.fetch()["loss"]) - expected["loss"]) < 1e-5
+    print(f"\n1 worker + 1 ps vs one device: max weight diff over {len(batches)} steps {max(diffs):.2e}")
     assert max(diffs) < 1e-5, diffs
     assert int(model.optimizer.iterations) == len(batches)
     assert _max_diff([v.value for v in model.optimizer.variables], [v.value for v in reference.optimizer.variables]) < 1e-5
@@ -455,3 +456,45 @@ def test_coordinator_writes_reach_the_workers_and_join_reads_the_ps(one_one):
     assert float(model.layers[1].bias.numpy()[0]) == 1.0  # not read until join
     coordinator.join()
     assert float(model.layers[1].bias.numpy()[0]) == 7.0
+
+
+def test_an_error_in_a_function_is_raised_by_join_once_and_the_rest_cancelled(one_one):
+    from keras_dist.backends.jax._parameter_servers import CancelledError
+
+    strategy, coordinator = one_one
+
+    def fails():
+        raise ValueError("boom on the worker")
+
+    first = coordinator.schedule(fails)
+    later = [coordinator.schedule(lambda: time.sleep(0.2)) for _ in range(3)]
+    with pytest.raises(ValueError, match="boom on the worker"):
+        coordinator.join()
+    with pytest.raises(ValueError, match="boom"):
+        first.fetch()
+    assert any(isinstance(_error_of(r), CancelledError) for r in later)
+    coordinator.join()  # raised once
+    assert coordinator.schedule(lambda: 41 + 1).fetch() == 42
+
+
+def _error_of(remote_value):
+    try:
+        remote_value.fetch()
+    except Exception as error:  # noqa: BLE001 - the error is the point
+        return error
+    return None
+
+
+@pytest.mark.needs_tensorflow
+def test_a_tf_data_dataset_made_and_iterated_on_each_worker(one_one):
+    strategy, coordinator = one_one
+
+    def dataset_fn(context):
+        import tensorflow as tf
+
+        return tf.data.Dataset.range(10).shard(context.num_input_pipelines, context.input_pipeline_id).batch(4)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    first = coordinator.schedule(lambda it: next(it), args=(iterator,))
+    second = coordinator.schedule(lambda it: next(it), args=(iterator,))
+    assert first.fetch().tolist() == [0, 1, 2, 3] and second.fetch().tolist() == [4, 5, 6, 7]

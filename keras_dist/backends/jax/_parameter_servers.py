@@ -517,7 +517,9 @@ class Cluster:
             loads = []
             for kind, ident in answer[1]:
                 if kind == "model":
-                    mid, model, layout, oid, model_bytes = next(m for m in self.models.values() if m[0] == ident)
+                    with self.lock:  # the coordinator's thread may be registering a model
+                        models = list(self.models.values())
+                    mid, model, layout, oid, model_bytes = next(m for m in models if m[0] == ident)
                     loads.append(slot.handle.load_model.remote(mid, model_bytes, layout, oid))
                 else:
                     loads.append(slot.handle.make_dataset.remote(ident, self.datasets[ident]))

@@ -498,3 +498,24 @@ def test_a_tf_data_dataset_made_and_iterated_on_each_worker(one_one):
     first = coordinator.schedule(lambda it: next(it), args=(iterator,))
     second = coordinator.schedule(lambda it: next(it), args=(iterator,))
     assert first.fetch().tolist() == [0, 1, 2, 3] and second.fetch().tolist() == [4, 5, 6, 7]
+
+
+def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_cluster, monkeypatch):
+    from keras_dist.backends.jax._ray_actors import ParameterServerError
+
+    monkeypatch.setenv("KERAS_DIST_PS_TIMEOUT", "3")
+    strategy, coordinator = make_cluster(1, 1)
+    cluster = _cluster(strategy)
+    with strategy.scope():
+        model = _model(seed=9)
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+    step = _train_step(model, strategy)
+    batch = _batches(*_task(32), 32)[0]
+    coordinator.schedule(step, args=(iter([batch]),))
+    coordinator.join()
+    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(20))  # the ps hangs (alive, busy)
+    start = time.monotonic()
+    coordinator.schedule(step, args=(iter([batch]),))
+    with pytest.raises(ParameterServerError, match="did not answer within 3.0 s"):
+        coordinator.join()
+    assert time.monotonic() - start < 15

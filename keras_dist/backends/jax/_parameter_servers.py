@@ -38,8 +38,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-#: Seconds a worker or the coordinator waits for a parameter server.
-PS_TIMEOUT_S = float(os.environ.get("KERAS_DIST_PS_TIMEOUT", "60"))
+#: Seconds a worker or the coordinator waits for a parameter server
+#: (KERAS_DIST_PS_TIMEOUT when the coordinator starts).
+PS_TIMEOUT_S = 60.0
+#: Seconds the coordinator waits for the ps actors to start.
+STARTUP_TIMEOUT_S = 300.0
 #: Times a worker slot starts a new actor after losing one.
 MAX_WORKER_RESTARTS = 2
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
@@ -178,6 +181,7 @@ class Cluster:
             return
         ray = _ray()
         actors = _actors()
+        self.ps_timeout = float(os.environ.get("KERAS_DIST_PS_TIMEOUT", PS_TIMEOUT_S))
         if not ray.is_initialized():
             ray.init(
                 address="local",
@@ -193,7 +197,8 @@ class Cluster:
         self.slots = [_Slot(i) for i in range(self.num_workers)]
         for slot in self.slots:
             slot.handle = self._new_worker(slot.index)
-        self._get([p.ping.remote() for p in self.ps], "starting the parameter servers")
+        # starting a process that imports JAX and Keras: more than a step's wait
+        self._get([p.ping.remote() for p in self.ps], "starting the parameter servers", max(self.ps_timeout, STARTUP_TIMEOUT_S))
         self.threads = [threading.Thread(target=self._dispatch, args=(slot,), daemon=True, name=f"keras-dist-ps-worker-{slot.index}") for slot in self.slots]
         for thread in self.threads:
             thread.start()
@@ -204,15 +209,16 @@ class Cluster:
 
     def _new_worker(self, index):
         actors = _actors()
-        return actors.Worker.options(runtime_env=self.runtime_env).remote(index, self.num_workers, self.ps, PS_TIMEOUT_S)
+        return actors.Worker.options(runtime_env=self.runtime_env).remote(index, self.num_workers, self.ps, self.ps_timeout)
 
-    def _get(self, refs, what: str):
+    def _get(self, refs, what: str, timeout=None):
         ray = _ray()
         actors = _actors()
+        timeout = timeout or self.ps_timeout
         try:
-            return ray.get(refs, timeout=PS_TIMEOUT_S)
+            return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError as error:
-            raise actors.ParameterServerError(f"{what}: no answer within {PS_TIMEOUT_S} s") from error
+            raise actors.ParameterServerError(f"{what}: a parameter server did not answer within {timeout} s") from error
         except ray.exceptions.RayActorError as error:
             raise actors.ParameterServerError(
                 f"{what}: a parameter server was lost ({type(error).__name__}); the variables it held "
@@ -642,7 +648,7 @@ class Cluster:
         out = []
         for slot in self.slots:
             try:
-                out.append(ray.get(slot.handle.report.remote(), timeout=PS_TIMEOUT_S))
+                out.append(ray.get(slot.handle.report.remote(), timeout=self.ps_timeout))
             except ray.exceptions.RayActorError:
                 out.append(None)
         return out

@@ -422,9 +422,11 @@ def test_ray_is_optional_and_imported_only_by_the_jax_engine():
                 importers.add(path.relative_to(root).as_posix())
     assert importers == {"backends/jax/_ray_actors.py", "backends/jax/_parameter_servers.py"}
     program = (
-        "import sys; sys.modules['ray'] = None\n"
+        "import sys\n"
         "import keras_dist\n"
         "from keras_dist.backends import get_adapter; get_adapter()\n"
+        "print('RAY IMPORTED' if 'ray' in sys.modules else 'NO RAY YET')\n"
+        "sys.modules['ray'] = None  # as if it were not installed\n"
         "r = keras_dist.cluster_resolver.SimpleClusterResolver({'chief': ['localhost:1'], 'worker': ['localhost:2'],"
         " 'ps': ['localhost:3']}, task_type='chief', task_id=0)\n"
         "s = keras_dist.ParameterServerStrategy(r)\n"
@@ -432,6 +434,7 @@ def test_ray_is_optional_and_imported_only_by_the_jax_engine():
         "except ImportError as e:\n    print('ERROR', e)\n"
     )
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert "NO RAY YET" in out.stdout, out.stdout + out.stderr  # importing the backend does not start Ray
     assert 'pip install "keras-dist[ray]"' in out.stdout, out.stdout + out.stderr
 
 

@@ -38,6 +38,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from keras_dist.coordinator import PerWorkerValues
+
 #: Seconds a worker or the coordinator waits for a parameter server
 #: (KERAS_DIST_PS_TIMEOUT when the coordinator starts).
 PS_TIMEOUT_S = 60.0
@@ -657,11 +659,12 @@ class Cluster:
 # -- per-worker datasets ----------------------------------------------------------
 
 
-class PerWorkerDataset:
+class PerWorkerDataset(PerWorkerValues):
     """A dataset made on each worker by `dataset_fn`; `iter()` of it is the
     per-worker iterator a scheduled function takes."""
 
     def __init__(self, cluster: Cluster, dataset_id: int):
+        super().__init__(("dataset", dataset_id))
         self._cluster = cluster
         self._dataset_id = dataset_id
 
@@ -672,16 +675,11 @@ class PerWorkerDataset:
         return f"PerWorkerDataset(workers={self._cluster.num_workers})"
 
 
-def _per_worker_values():
-    from keras_dist.coordinator import PerWorkerValues
-
-    return PerWorkerValues
-
-
-class PerWorkerIterator:
+class PerWorkerIterator(PerWorkerValues):
     """Each worker's own iterator over its dataset (a token here)."""
 
     def __init__(self, cluster: Cluster, dataset_id: int, iterator_id: int):
+        super().__init__(("iterator", iterator_id))
         self._cluster = cluster
         self._dataset_id = dataset_id
         self._iterator_id = iterator_id

@@ -223,8 +223,17 @@ def test_partitioned_variables_on_two_ps_step_by_step_equal_one_device(two_two):
     batches = _batches(x, y, 32)
     with strategy.scope():
         model = _model(seed=4)
-        model.compile(optimizer=keras.optimizers.RMSprop(0.01), loss="binary_crossentropy")
-    reference = _reference(model, keras.optimizers.RMSprop(0.01))
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+        model.optimizer.build(model.trainable_variables)
+    reference = _reference(model, keras.optimizers.Adam(0.01))
+    reference.optimizer.build(reference.trainable_variables)
+    # optimizer state the ps must take over (as after a restored checkpoint): step 7, slots set
+    rng = np.random.default_rng(4)
+    for mine, theirs in zip(model.optimizer.variables, reference.optimizer.variables):
+        value = np.array(7, mine.dtype) if mine is model.optimizer.iterations else np.abs(rng.normal(size=mine.shape)).astype(mine.dtype) * 1e-3
+        if mine.name != "learning_rate":
+            mine.assign(value)
+            theirs.assign(value)
     step = _train_step(model, strategy)
     for batch in batches:
         coordinator.schedule(step, args=(iter([batch]),))  # a plain iterator travels with the function
@@ -236,8 +245,9 @@ def test_partitioned_variables_on_two_ps_step_by_step_equal_one_device(two_two):
     assert cluster.where(kernel) == [first, 1 - first]  # rows 0-2 on one ps, rows 3-5 on the other
     assert len(cluster.where(bias)) == 2
     oid = cluster.optimizers[id(model.optimizer)][0]
-    assert [r["iterations"][oid] for r in cluster.ps_reports()] == [len(batches)] * 2
-    assert int(model.optimizer.iterations) == len(batches)
+    assert [r["iterations"][oid] for r in cluster.ps_reports()] == [7 + len(batches)] * 2
+    assert int(model.optimizer.iterations) == 7 + len(batches)
+    assert _max_diff([v.value for v in model.optimizer.variables], [v.value for v in reference.optimizer.variables]) < 1e-5
 
 
 def test_two_workers_two_ps_every_variable_on_a_ps_every_step_applied_once(two_two):

@@ -532,3 +532,20 @@ def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_clus
     with pytest.raises(ParameterServerError, match="did not answer within 3.0 s"):
         coordinator.join()
     assert time.monotonic() - start < 15
+
+
+def test_a_model_compiled_after_a_custom_loop_used_it_trains_with_fit_s_step(one_one):
+    strategy, coordinator = one_one
+    with strategy.scope():
+        model = _model(seed=10)
+    before = coordinator.schedule(lambda: [w.copy() for w in model.get_weights()]).fetch()
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    reference = _reference(model, keras.optimizers.SGD(0.1))
+    batch = _batches(*_task(32), 32)[0]
+    coordinator.schedule(_train_step(model, strategy), args=(iter([batch]),))
+    coordinator.join()
+    reference.train_on_batch(*batch)
+    assert _max_diff(before, reference.get_weights()) > 1e-4  # it trained
+    assert _max_diff(model.get_weights(), reference.get_weights()) < 1e-5
+    assert int(model.optimizer.iterations) == 1

@@ -277,7 +277,7 @@ class Cluster:
         with self.lock:
             known = self.models.get(id(model))
             if known is not None and known[1] is model:
-                return known[0]
+                return self._reship_if_compiled(model, known)
             self.start()
             variables = list(model.trainable_variables) + list(model.non_trainable_variables)
             if not variables:
@@ -317,6 +317,21 @@ class Cluster:
             oid = self.register_optimizer(optimizer) if optimizer is not None else None
             self.models[id(model)] = (mid, model, layout, oid, model_bytes)
             return mid
+
+    def _reship_if_compiled(self, model, known) -> int:
+        """A registered model compiled since (or with another optimizer): the
+        workers get a new copy, with the optimizer's pushes; same variables."""
+        import ray.cloudpickle as cloudpickle
+
+        mid, _, layout, oid, _ = known
+        optimizer = getattr(model, "optimizer", None)
+        registered = self.optimizers.get(id(optimizer)) if optimizer is not None else None
+        if (optimizer is None and oid is None) or (registered is not None and registered[1] is optimizer and registered[0] == oid):
+            return mid
+        oid = self.register_optimizer(optimizer) if optimizer is not None else None
+        mid = next(self._ids)
+        self.models[id(model)] = (mid, model, layout, oid, cloudpickle.dumps(model))
+        return mid
 
     def _check_optimizer(self, optimizer) -> None:
         import keras

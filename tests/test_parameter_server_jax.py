@@ -479,15 +479,22 @@ def test_an_error_in_a_function_is_raised_by_join_once_and_the_rest_cancelled(on
     def fails():
         raise ValueError("boom on the worker")
 
+    coordinator.schedule(lambda: time.sleep(1.0))  # one worker: the rest queue behind it
     first = coordinator.schedule(fails)
-    later = [coordinator.schedule(lambda: time.sleep(0.2)) for _ in range(3)]
+    later = [coordinator.schedule(lambda: 1) for _ in range(3)]
     with pytest.raises(ValueError, match="boom on the worker"):
         coordinator.join()
     with pytest.raises(ValueError, match="boom"):
         first.fetch()
-    assert any(isinstance(_error_of(r), CancelledError) for r in later)
+    assert all(isinstance(_error_of(r), CancelledError) for r in later)
     coordinator.join()  # raised once
     assert coordinator.schedule(lambda: 41 + 1).fetch() == 42
+    # as in tf, schedule() also raises an earlier function's error, once
+    with pytest.raises(ValueError):
+        coordinator.schedule(fails).fetch()
+    with pytest.raises(ValueError, match="boom on the worker"):
+        coordinator.schedule(lambda: 0)
+    assert coordinator.schedule(lambda: 0).fetch() == 0
 
 
 def _error_of(remote_value):

@@ -476,9 +476,8 @@ class Cluster:
 
     # -- scheduling
     def schedule(self, fn, args, kwargs) -> _Closure:
-        with self.lock:
-            if self.fatal is not None:
-                raise self.fatal
+        with self.lock:  # as tf: an earlier function's error is raised (once) here too
+            self._raise_error()
         self.start()
         with self.lock:
             self.send_coordinator_writes()

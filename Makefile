@@ -28,13 +28,13 @@ endef
 install: $(STAMP)
 
 $(STAMP): pyproject.toml requirements/constraints.txt
-	$(call make-venv,$(VENV),jax$(comma)tensorflow-cpu$(comma)test)
+	$(call make-venv,$(VENV),jax$(comma)tensorflow-cpu$(comma)ray$(comma)test)
 	touch $@
 
 install-jax: $(VENV_JAX)/.installed
 
 $(VENV_JAX)/.installed: pyproject.toml requirements/constraints.txt
-	$(call make-venv,$(VENV_JAX),jax$(comma)test)
+	$(call make-venv,$(VENV_JAX),jax$(comma)ray$(comma)test)
 	@! $(VENV_JAX)/bin/python -c "import tensorflow" 2>/dev/null || \
 	  { echo "$(VENV_JAX) has tensorflow: not a JAX-only install" >&2; exit 1; }
 	touch $@

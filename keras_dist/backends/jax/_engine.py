@@ -40,6 +40,16 @@ class JaxEngine:
         return len(self.devices)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ParameterServerEngine(JaxEngine):
+    """ParameterServerStrategy: the coordinator's single device, the
+    variables created in the scope, and the Ray cluster
+    (`_parameter_servers.Cluster`, started by the coordinator)."""
+
+    variables: Any = None  # _parameter_servers.VariableRecord
+    cluster: Any = None  # _parameter_servers.Cluster
+
+
 def _canonical(device) -> str:
     return f"{device.platform}:{device.id}"
 
@@ -119,6 +129,10 @@ def compiler_options_for(ops):
 def create_engine(extended) -> JaxEngine:
     """The engine for a strategy's `StrategyExtended` (its engine devices,
     its cross-device ops)."""
+    from keras_dist._parameter_server import _ParameterServerExtended
+
+    if isinstance(extended, _ParameterServerExtended):
+        return _create_parameter_server_engine(extended)
     by_name = {_canonical(d): d for d in jax.devices()}
     devices = tuple(by_name[d] for d in extended.engine_devices)
     device_mesh = keras.distribution.DeviceMesh(
@@ -159,12 +173,45 @@ class _CentralStorageDistribution(keras.distribution.DataParallel):
         return self._parameter_sharding
 
 
+class _RecordingDistribution(keras.distribution.DataParallel):
+    """Keras' data parallelism over one device that records the variables
+    created in its scope (ParameterServerStrategy: they go to the ps)."""
+
+    def __init__(self, record, **kwargs):
+        super().__init__(**kwargs)
+        self._record = record
+
+    def get_variable_layout(self, variable):
+        self._record.add(variable)
+        return super().get_variable_layout(variable)
+
+
+def _create_parameter_server_engine(extended) -> "ParameterServerEngine":
+    from keras_dist.backends.jax import _parameter_servers
+
+    _parameter_servers.check_local_cluster(extended.cluster_resolver)
+    device = jax.devices("cpu")[0]
+    device_mesh = keras.distribution.DeviceMesh(shape=(1,), axis_names=[BATCH_AXIS], devices=[_canonical(device)])
+    record = _parameter_servers.VariableRecord()
+    distribution = _RecordingDistribution(record, device_mesh=device_mesh, auto_shard_dataset=False)
+    engine = ParameterServerEngine(
+        devices=(device,),
+        mesh=device_mesh.backend_mesh,
+        distribution=distribution,
+        variables=record,
+        cluster=_parameter_servers.Cluster(extended._strategy),
+    )
+    return engine
+
+
 def scope(engine: JaxEngine):
     """Variables created inside are replicated on the engine's mesh."""
     return engine.distribution.scope()
 
 
 def owns_variable(engine: JaxEngine, variable) -> bool:
+    if isinstance(engine, ParameterServerEngine):
+        return variable in engine.variables
     value = getattr(variable, "_value", None)
     if value is None:  # state lives in the running step; nothing to check
         return True

@@ -1,34 +1,866 @@
-"""ParameterServerStrategy's coordinator on jax (being built: issue #14)."""
+"""ParameterServerStrategy on JAX: the coordinator, in the user's process,
+over Ray actors (`_ray_actors`: `ParameterServer`, `Worker`).
+
+- Variables are created in `strategy.scope()` here (the engine's Keras
+  distribution records them: `owns_variable`). When a scheduled function
+  first refers to a model (or `fit`'s step does), the model is registered:
+  its variables get ids and go to the ps actors, round-robin by variable
+  (or, with a `variable_partitioner`, in row blocks along axis 0, block `k`
+  on the next ps); its optimizer's config and state go to every ps.
+- A scheduled function is pickled here (cloudpickle) with references to
+  the strategy's models, optimizers, variables, the strategy itself and
+  per-worker iterators replaced by tokens, which the worker resolves to its
+  own copies; the worker pulls the models' current values before the
+  function and pushes gradients (`optimizer.apply_gradients`) and writes.
+- Each `apply_gradients` is pushed to every ps (one key per push); each ps
+  applies its shard and counts the step in its optimizer's `iterations`
+  (so every ps counts every step once; ps 0's count is the optimizer's).
+- `join()` waits for every function, raises the first error, then pulls
+  every registered variable (and optimizer state) into the coordinator's
+  Keras variables: reading `model.get_weights()` or `optimizer.iterations`
+  after `join()` gives the ps values.
+- A worker lost (its actor died) re-queues its function; the slot starts a
+  new worker actor (up to `MAX_WORKER_RESTARTS` times). A ps lost, or not
+  answering within `PS_TIMEOUT_S`, is fatal: `join()`/`fetch()` raise
+  `ParameterServerError`, queued functions are cancelled.
+"""
 
 from __future__ import annotations
 
-_NOT_YET = (
-    "ParameterServerStrategy is not available on the jax backend yet (issue #14)."
-)
+import collections
+import io
+import itertools
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+from keras_dist.coordinator import PerWorkerValues
+
+#: Seconds a worker or the coordinator waits for a parameter server
+#: (KERAS_DIST_PS_TIMEOUT when the coordinator starts).
+PS_TIMEOUT_S = 60.0
+#: Seconds the coordinator waits for the ps actors to start.
+STARTUP_TIMEOUT_S = 300.0
+#: Times a worker slot starts a new actor after losing one.
+MAX_WORKER_RESTARTS = 2
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
-def create_coordinator(strategy):
-    raise NotImplementedError(_NOT_YET)
+def _ray():
+    try:
+        import ray
+    except ImportError as error:
+        raise ImportError(
+            "ParameterServerStrategy on the JAX backend runs its workers and "
+            "parameter servers as Ray actors, and Ray is not installed: "
+            'pip install "keras-dist[ray]"'
+        ) from error
+    return ray
 
 
-def schedule(coordinator, fn, args, kwargs):
-    raise NotImplementedError(_NOT_YET)
+def _actors():
+    _ray()
+    from keras_dist.backends.jax import _ray_actors
+
+    return _ray_actors
 
 
-def fetch(coordinator, remote_value):
-    raise NotImplementedError(_NOT_YET)
+# -- checks made when the engine is created (before any variable) -----------
 
 
-def join(coordinator):
-    raise NotImplementedError(_NOT_YET)
+def check_local_cluster(resolver) -> None:
+    """TF_CONFIG's worker/ps tasks become Ray actors on this machine: their
+    addresses must be this machine's (loopback), not silently ignored."""
+    spec = resolver.cluster_spec()
+    for job in ("chief", "worker", "ps"):
+        if job not in spec.jobs:
+            continue
+        for index, address in enumerate(spec.job_tasks(job)):
+            if address is None:
+                continue
+            host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+            if host not in _LOCAL_HOSTS:
+                raise ValueError(
+                    "ParameterServerStrategy on JAX starts the cluster's 'worker' and 'ps' tasks "
+                    "as Ray actors on this machine (a local Ray); it does not connect to the "
+                    f"addresses in the cluster spec, and {job} {index} is {address!r}. Give "
+                    "localhost addresses (e.g. 'localhost:2222'): only the number of tasks per job "
+                    "is used. Remote Ray clusters are not supported yet."
+                )
 
 
-def done(coordinator):
-    raise NotImplementedError(_NOT_YET)
+# -- variables created in the scope --------------------------------------------
 
 
-def create_per_worker_dataset(coordinator, dataset_fn):
-    raise NotImplementedError(_NOT_YET)
+class VariableRecord:
+    """The variables created in a ParameterServerStrategy's scope."""
+
+    def __init__(self):
+        self._refs: dict = {}
+
+    def add(self, variable) -> None:
+        self._refs[id(variable)] = weakref.ref(variable)
+
+    def __contains__(self, variable) -> bool:
+        ref = self._refs.get(id(variable))
+        return ref is not None and ref() is variable
+
+
+# -- the coordinator's engine -------------------------------------------------
+
+
+class _Closure:
+    _ids = itertools.count()
+
+    def __init__(self, payload: bytes, needs: list):
+        self.id = next(self._ids)
+        self.payload = payload
+        self.needs = needs
+        self.event = threading.Event()
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.attempts = 0
+
+    def finish(self, result=None, error=None):
+        self.result, self.error = result, error
+        self.event.set()
+
+    def __repr__(self):
+        state = "done" if self.event.is_set() else "pending"
+        return f"<scheduled function {self.id}: {state}>"
+
+
+class CancelledError(RuntimeError):
+    """A scheduled function was not run: an earlier one failed."""
+
+
+class _Slot:
+    def __init__(self, index):
+        self.index = index
+        self.handle = None
+        self.restarts = 0
+        self.alive = True
+
+
+class Cluster:
+    """The Ray side of one ParameterServerStrategy: actors, registrations,
+    the queue of scheduled functions and one dispatcher thread per worker."""
+
+    def __init__(self, strategy):
+        self.strategy_ref = weakref.ref(strategy)
+        extended = strategy.extended
+        self.num_ps = extended.num_ps
+        self.num_workers = extended.num_remote_workers
+        self.partitioner = extended.variable_partitioner
+        self.started = False
+        self.started_ray = False
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.queue: collections.deque = collections.deque()
+        self.inflight = 0
+        self.error: Optional[BaseException] = None
+        self.fatal: Optional[BaseException] = None
+        self.stopping = False
+        self.stats = collections.Counter()
+        # registrations
+        self.variables: list = []  # vid -> coordinator keras.Variable
+        self.vid_of: dict = {}  # id(variable) -> vid
+        self.placement: dict = {}  # vid -> [(ps, key, rows|None)]
+        self.known_values: dict = {}  # vid -> the array the ps were last given / we last pulled
+        self.models: dict = {}  # id(model) -> (mid, model, layout, oid, bytes)
+        self.optimizers: dict = {}  # id(optimizer) -> (oid, optimizer)
+        self.datasets: dict = {}  # dsid -> fn bytes
+        self._next_ps = 0
+        self._ids = itertools.count()
+
+    # -- Ray and the actors
+    def start(self) -> None:
+        if self.started:
+            return
+        ray = _ray()
+        actors = _actors()
+        self.ps_timeout = float(os.environ.get("KERAS_DIST_PS_TIMEOUT", PS_TIMEOUT_S))
+        if not ray.is_initialized():
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+                configure_logging=False,
+            )
+            self.started_ray = True
+        runtime_env = {"env_vars": {"KERAS_BACKEND": "jax", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
+        self.runtime_env = runtime_env
+        self.ps = [actors.ParameterServer.options(runtime_env=runtime_env).remote(i) for i in range(self.num_ps)]
+        self.slots = [_Slot(i) for i in range(self.num_workers)]
+        for slot in self.slots:
+            slot.handle = self._new_worker(slot.index)
+        # starting a process that imports JAX and Keras: more than a step's wait
+        self._get([p.ping.remote() for p in self.ps], "starting the parameter servers", max(self.ps_timeout, STARTUP_TIMEOUT_S))
+        self.threads = [threading.Thread(target=self._dispatch, args=(slot,), daemon=True, name=f"keras-dist-ps-worker-{slot.index}") for slot in self.slots]
+        for thread in self.threads:
+            thread.start()
+        self.started = True
+        strategy = self.strategy_ref()
+        if strategy is not None:
+            weakref.finalize(strategy, self.shutdown)
+
+    def _new_worker(self, index):
+        actors = _actors()
+        return actors.Worker.options(runtime_env=self.runtime_env).remote(index, self.num_workers, self.ps, self.ps_timeout)
+
+    def _get(self, refs, what: str, timeout=None):
+        ray = _ray()
+        actors = _actors()
+        timeout = timeout or self.ps_timeout
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError as error:
+            raise actors.ParameterServerError(f"{what}: a parameter server did not answer within {timeout} s") from error
+        except ray.exceptions.RayActorError as error:
+            raise actors.ParameterServerError(
+                f"{what}: a parameter server was lost ({type(error).__name__}); the variables it held "
+                "are gone and training cannot continue. Restore from a checkpoint."
+            ) from error
+
+    def shutdown(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if not self.started:
+            return
+        ray = _ray()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        for handle in [s.handle for s in self.slots] + list(self.ps):
+            try:
+                ray.kill(handle)
+            except Exception:
+                pass
+        self.started = False
+
+    # -- registration
+    def _owned(self, variable) -> bool:
+        strategy = self.strategy_ref()
+        return variable in strategy.extended.engine.variables
+
+    def _place(self, variable) -> list:
+        shape = tuple(variable.shape)
+        blocks = 1
+        if self.partitioner is not None and len(shape) >= 1:
+            parts = self.partitioner(shape, variable.dtype)
+            parts = [int(p) for p in parts]
+            if len(parts) != len(shape) or any(p != 1 for p in parts[1:]) or parts[0] < 1:
+                raise ValueError(
+                    f"variable_partitioner returned {parts} for {variable.path!r} of shape {shape}: "
+                    "partitions are taken along axis 0 only (a list of one count per axis, the "
+                    "others 1), as in tf."
+                )
+            blocks = min(parts[0], shape[0])
+        if blocks == 1:
+            rows = [None]
+        else:
+            bounds = np.cumsum([0] + [len(a) for a in np.array_split(np.arange(shape[0]), blocks)])
+            rows = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        vid = len(self.variables)
+        placement = []
+        for shard, r in enumerate(rows):
+            placement.append((self._next_ps, (vid, shard), r))
+            self._next_ps = (self._next_ps + 1) % self.num_ps
+        return placement
+
+    def register_model(self, model) -> int:
+        with self.lock:
+            known = self.models.get(id(model))
+            if known is not None and known[1] is model:
+                return self._reship_if_compiled(model, known)
+            self.start()
+            variables = list(model.trainable_variables) + list(model.non_trainable_variables)
+            if not variables:
+                raise ValueError(
+                    f"Model {model.name!r} has no variables yet: build it in `strategy.scope()` "
+                    "(give it an Input shape, or call it on a batch) before scheduling functions "
+                    "that use it."
+                )
+            outside = [v.path for v in variables if not self._owned(v)]
+            if outside:
+                raise ValueError(
+                    f"Model variable {outside[0]!r} was created outside the scope of the "
+                    "ParameterServerStrategy, so it has no place on the parameter servers. Create "
+                    "the model (every layer) inside `with strategy.scope():`."
+                )
+            optimizer = getattr(model, "optimizer", None)
+            if optimizer is not None:
+                self._check_optimizer(optimizer)
+            mid = next(self._ids)
+            layout = []
+            puts: dict = {}
+            for variable in variables:
+                placement = self._place(variable)
+                vid = len(self.variables)
+                self.variables.append(variable)
+                self.vid_of[id(variable)] = vid
+                self.placement[vid] = placement
+                layout.append((vid, placement))
+                self.known_values[vid] = variable._value
+                value = np.asarray(variable.value)
+                for ps, key, rows in placement:
+                    puts.setdefault(ps, {})[key] = value if rows is None else value[rows[0] : rows[1]]
+            self._get([self.ps[p].put.remote(v) for p, v in puts.items()], "placing variables")
+            import ray.cloudpickle as cloudpickle
+
+            model_bytes = cloudpickle.dumps(model)
+            oid = self.register_optimizer(optimizer) if optimizer is not None else None
+            self.models[id(model)] = (mid, model, layout, oid, model_bytes)
+            return mid
+
+    def _reship_if_compiled(self, model, known) -> int:
+        """A registered model compiled since (or with another optimizer): the
+        workers get a new copy, with the optimizer's pushes; same variables."""
+        import ray.cloudpickle as cloudpickle
+
+        mid, _, layout, oid, _ = known
+        optimizer = getattr(model, "optimizer", None)
+        registered = self.optimizers.get(id(optimizer)) if optimizer is not None else None
+        if (optimizer is None and oid is None) or (registered is not None and registered[1] is optimizer and registered[0] == oid):
+            return mid
+        oid = self.register_optimizer(optimizer) if optimizer is not None else None
+        mid = next(self._ids)
+        self.models[id(model)] = (mid, model, layout, oid, cloudpickle.dumps(model))
+        return mid
+
+    def _check_optimizer(self, optimizer) -> None:
+        import keras
+
+        if not self._owned(optimizer.iterations):
+            raise ValueError(
+                f"Optimizer {optimizer.name!r} was created outside the scope of the "
+                "ParameterServerStrategy. Create it inside `with strategy.scope():` (or give it by "
+                "name to compile())."
+            )
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError("LossScaleOptimizer is not supported by ParameterServerStrategy on JAX.")
+        if getattr(optimizer, "global_clipnorm", None) and (self.num_ps > 1 or self.partitioner is not None):
+            raise ValueError(
+                "global_clipnorm needs every gradient in one place; with variables on several "
+                "parameter servers use clipnorm or clipvalue (per variable)."
+            )
+        if getattr(optimizer, "use_ema", False) or (getattr(optimizer, "gradient_accumulation_steps", None) or 1) > 1:
+            raise ValueError("use_ema and gradient_accumulation_steps are not supported by ParameterServerStrategy on JAX.")
+
+    def register_optimizer(self, optimizer) -> int:
+        import keras
+
+        with self.lock:
+            known = self.optimizers.get(id(optimizer))
+            if known is not None and known[1] is optimizer:
+                return known[0]
+            self.start()
+            self._check_optimizer(optimizer)
+            oid = next(self._ids)
+            config = keras.optimizers.serialize(optimizer)
+            start = {"iterations": int(np.asarray(optimizer.iterations.value)), "extras": {}, "slots": {}}
+            per_ps = [dict(start, slots={}) for _ in range(self.num_ps)]
+            if optimizer.built:
+                for variable in optimizer.variables:
+                    if variable is optimizer.iterations:
+                        continue
+                    slot = self._slot_of(variable)
+                    if slot is None:
+                        for state in per_ps:
+                            state["extras"][variable.name] = np.asarray(variable.value)
+                        continue
+                    vid, suffix = slot
+                    value = np.asarray(variable.value)
+                    for ps, key, rows in self.placement[vid]:
+                        per_ps[ps]["slots"][(key, suffix)] = value if rows is None else value[rows[0] : rows[1]]
+            self._get([p.add_optimizer.remote(oid, config, per_ps[i]) for i, p in enumerate(self.ps)], "sending the optimizer")
+            self.optimizers[id(optimizer)] = (oid, optimizer)
+            return oid
+
+    def _slot_of(self, optimizer_variable):
+        """(vid, slot suffix) of an optimizer variable made from a model variable."""
+        name = optimizer_variable.name
+        best = None
+        for vid, variable in enumerate(self.variables):
+            prefix = variable.path.replace("/", "_") + "_"
+            if name.startswith(prefix) and (best is None or len(prefix) > len(best[1])):
+                best = (vid, prefix)
+        if best is None:
+            return None
+        return best[0], name[len(best[1]) :]
+
+    # -- pickling a scheduled function
+    def token(self, obj, needs: list):
+        import keras
+
+        from keras_dist.coordinator import ClusterCoordinator
+
+        strategy = self.strategy_ref()
+        if obj is strategy:
+            return ("strategy",)
+        if isinstance(obj, ClusterCoordinator):
+            raise TypeError("A scheduled function cannot use the ClusterCoordinator: it runs on a worker.")
+        if isinstance(obj, PerWorkerIterator):
+            if obj._cluster is not self:
+                raise ValueError("This per-worker iterator belongs to another ClusterCoordinator.")
+            needs.append(("dataset", obj._dataset_id))
+            return ("iterator", obj._iterator_id, obj._dataset_id)
+        if isinstance(obj, PerWorkerDataset):
+            raise TypeError(
+                "A scheduled function takes the per-worker iterator, iter(per_worker_dataset), "
+                "not the per-worker dataset."
+            )
+        if isinstance(obj, keras.Model):
+            mid = self.register_model(obj)
+            needs.append(("model", mid))
+            return ("model", mid)
+        if isinstance(obj, keras.optimizers.Optimizer):
+            return ("optimizer", self.register_optimizer(obj))
+        if isinstance(obj, keras.Variable):
+            vid = self.vid_of.get(id(obj))
+            if vid is not None and self.variables[vid] is obj:
+                for mid, model, layout, _, _ in self.models.values():
+                    for position, (v, _) in enumerate(layout):
+                        if v == vid:
+                            needs.append(("model", mid))
+                            return ("variable", mid, position)
+            if self._owned(obj):
+                raise ValueError(
+                    f"A scheduled function uses variable {obj.path!r}, which belongs to no model it "
+                    "refers to. On JAX, scheduled functions read variables through their model: "
+                    "refer to the model (its variables follow)."
+                )
+            return None
+        if isinstance(obj, (keras.layers.Layer, keras.metrics.Metric)) and any(self._owned(v) for v in obj.variables):
+            raise ValueError(
+                f"A scheduled function uses {type(obj).__name__} {obj.name!r} made in the strategy's "
+                "scope. On JAX, scheduled functions may refer to models and optimizers (the model's "
+                "layers through the model); metrics live on the coordinator: return values from the "
+                "function and update metrics with what fetch() gives."
+            )
+        return None
+
+    def pickle_call(self, fn, args, kwargs):
+        import ray.cloudpickle as cloudpickle
+
+        cluster = self
+        needs: list = []
+
+        class Pickler(cloudpickle.CloudPickler):
+            def persistent_id(self, obj):
+                return cluster.token(obj, needs)
+
+        buffer = io.BytesIO()
+        Pickler(buffer).dump((fn, args, kwargs))
+        unique = list(dict.fromkeys(needs))
+        return buffer.getvalue(), unique
+
+    def send_coordinator_writes(self) -> None:
+        """Model variables assigned in the coordinator since they were sent
+        or pulled (set_weights, a restored checkpoint) go to the ps."""
+        puts: dict = {}
+        for vid, variable in enumerate(self.variables):
+            if variable._value is self.known_values.get(vid):
+                continue
+            value = np.asarray(variable.value)
+            for ps, key, rows in self.placement[vid]:
+                puts.setdefault(ps, {})[key] = value if rows is None else value[rows[0] : rows[1]]
+            self.known_values[vid] = variable._value
+        if puts:
+            self._get([self.ps[p].put.remote(v) for p, v in puts.items()], "sending the coordinator's writes")
+
+    # -- scheduling
+    def schedule(self, fn, args, kwargs) -> _Closure:
+        with self.lock:  # as tf: an earlier function's error is raised (once) here too
+            self._raise_error()
+        self.start()
+        with self.lock:
+            self.send_coordinator_writes()
+        payload, needs = self.pickle_call(fn, args, kwargs)
+        closure = _Closure(payload, needs)
+        with self.cond:
+            if self.fatal is not None:
+                raise self.fatal
+            self.queue.append(closure)
+            self.stats["scheduled"] += 1
+            self.cond.notify_all()
+        return closure
+
+    def _dispatch(self, slot: _Slot) -> None:
+        ray = _ray()
+        while True:
+            with self.cond:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                closure = self.queue.popleft()
+                self.inflight += 1
+            try:
+                outcome = self._run_on(slot, closure)
+            except ray.exceptions.RayActorError:
+                with self.cond:
+                    self.inflight -= 1
+                    self.stats["redispatched"] += 1
+                    self.queue.appendleft(closure)
+                    self.cond.notify_all()
+                if not self._replace(slot):
+                    return
+                continue
+            except BaseException as error:  # the coordinator's own failure
+                outcome = ("error", error, "")
+            self._finish(closure, outcome)
+
+    def _replace(self, slot: _Slot) -> bool:
+        """A new worker actor for a lost one; False when the slot gives up."""
+        with self.cond:
+            slot.restarts += 1
+            if slot.restarts > MAX_WORKER_RESTARTS or self.stopping:
+                slot.alive = False
+                if not any(s.alive for s in self.slots):
+                    self._fail(RuntimeError("Every worker was lost; no worker is left to run scheduled functions."))
+                return False
+            self.stats["worker_restarts"] += 1
+        slot.handle = self._new_worker(slot.index)
+        return True
+
+    def _run_on(self, slot: _Slot, closure: _Closure):
+        ray = _ray()
+        closure.attempts += 1
+        while True:
+            answer = ray.get(slot.handle.run.remote(closure.id, closure.payload, closure.needs))
+            if answer[0] != "missing":
+                return answer
+            loads = []
+            for kind, ident in answer[1]:
+                if kind == "model":
+                    with self.lock:  # the coordinator's thread may be registering a model
+                        models = list(self.models.values())
+                    mid, model, layout, oid, model_bytes = next(m for m in models if m[0] == ident)
+                    loads.append(slot.handle.load_model.remote(mid, model_bytes, layout, oid))
+                else:
+                    loads.append(slot.handle.make_dataset.remote(ident, self.datasets[ident]))
+            ray.get(loads)
+
+    def _finish(self, closure: _Closure, outcome) -> None:
+        actors = _actors()
+        with self.cond:
+            self.inflight -= 1
+            if outcome[0] == "ok":
+                self.stats["completed"] += 1
+                closure.finish(result=outcome[1])
+            else:
+                error = outcome[1]
+                if outcome[2]:
+                    error.add_note(f"Raised on a parameter-server worker:\n{outcome[2]}") if hasattr(error, "add_note") else None
+                closure.finish(error=error)
+                if isinstance(error, actors.ParameterServerError):
+                    self._fail(error)
+                elif self.error is None:
+                    self.error = error
+                    self._cancel_queued(error)
+            self.cond.notify_all()
+
+    def _cancel_queued(self, error, fatal=False) -> None:
+        while self.queue:
+            closure = self.queue.popleft()
+            if fatal:  # the cluster cannot run anything: the cause, for every function
+                closure.finish(error=error)
+            else:
+                closure.finish(error=CancelledError(f"Not run: an earlier scheduled function failed ({type(error).__name__}: {error})."))
+
+    def _fail(self, error) -> None:
+        with self.cond:
+            if self.fatal is None:
+                self.fatal = error
+            self._cancel_queued(self.fatal, fatal=True)
+            self.cond.notify_all()
+
+    def done(self) -> bool:
+        with self.cond:
+            self._raise_error()
+            return not self.queue and self.inflight == 0
+
+    def _raise_error(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def join(self) -> None:
+        with self.cond:
+            while self.queue or self.inflight:
+                if self.fatal is not None:
+                    break
+                self.cond.wait(timeout=1.0)
+            self._raise_error()
+        self.pull_to_coordinator()
+
+    def fetch(self, closure: _Closure):
+        closure.event.wait()
+        if closure.error is not None:
+            raise closure.error
+        return closure.result
+
+    # -- the coordinator's view after join
+    def pull_to_coordinator(self) -> None:
+        if not self.started or not self.variables:
+            return
+        keys_by_ps: dict = {}
+        for vid, placement in self.placement.items():
+            for ps, key, _ in placement:
+                keys_by_ps.setdefault(ps, []).append(key)
+        order = sorted(keys_by_ps)
+        answers = self._get([self.ps[p].pull.remote(keys_by_ps[p]) for p in order], "reading the variables")
+        values = {}
+        for answer in answers:
+            values.update(answer)
+        for vid, variable in enumerate(self.variables):
+            parts = [values[key] for _, key, _ in self.placement[vid]]
+            variable.assign(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+            self.known_values[vid] = variable._value
+        for oid, optimizer in list(self.optimizers.values()):
+            states = self._get([p.optimizer_state.remote(oid) for p in self.ps], "reading the optimizer")
+            if states[0] is None:
+                continue  # never applied
+            slots = {}
+            for state in states:
+                slots.update(state["slots"])
+            if not optimizer.built:
+                vids = sorted({key[0] for state in states for key in state["keys"]})
+                strategy = self.strategy_ref()
+                with strategy.scope():
+                    optimizer.build([self.variables[v] for v in vids])
+            optimizer.iterations.assign(states[0]["iterations"])
+            for variable in optimizer.variables:
+                slot = self._slot_of(variable)
+                if slot is None:
+                    continue
+                vid, suffix = slot
+                parts = [slots.get((key, suffix)) for _, key, _ in self.placement[vid]]
+                if any(p is None for p in parts):
+                    continue
+                variable.assign(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0))
+
+    # -- what tests read
+    def where(self, variable) -> list:
+        """The ps indices holding `variable` (one per shard)."""
+        vid = self.vid_of.get(id(variable))
+        if vid is None or self.variables[vid] is not variable:
+            return []
+        return [ps for ps, _, _ in self.placement[vid]]
+
+    def ps_reports(self) -> list:
+        return self._get([p.report.remote() for p in self.ps], "reading the ps reports")
+
+    def worker_reports(self) -> list:
+        ray = _ray()
+        out = []
+        for slot in self.slots:
+            try:
+                out.append(ray.get(slot.handle.report.remote(), timeout=self.ps_timeout))
+            except ray.exceptions.RayActorError:
+                out.append(None)
+        return out
+
+
+# -- per-worker datasets ----------------------------------------------------------
+
+
+class PerWorkerDataset(PerWorkerValues):
+    """A dataset made on each worker by `dataset_fn`; `iter()` of it is the
+    per-worker iterator a scheduled function takes."""
+
+    def __init__(self, cluster: Cluster, dataset_id: int):
+        super().__init__(("dataset", dataset_id))
+        self._cluster = cluster
+        self._dataset_id = dataset_id
+
+    def __iter__(self):
+        return PerWorkerIterator(self._cluster, self._dataset_id, next(self._cluster._ids))
+
+    def __repr__(self):
+        return f"PerWorkerDataset(workers={self._cluster.num_workers})"
+
+
+class PerWorkerIterator(PerWorkerValues):
+    """Each worker's own iterator over its dataset (a token here)."""
+
+    def __init__(self, cluster: Cluster, dataset_id: int, iterator_id: int):
+        super().__init__(("iterator", iterator_id))
+        self._cluster = cluster
+        self._dataset_id = dataset_id
+        self._iterator_id = iterator_id
+
+    def __next__(self):
+        raise TypeError(
+            "A per-worker iterator is read on the workers: pass it to a scheduled function "
+            "(coordinator.schedule(fn, args=(iterator,))) and call next() there."
+        )
+
+    def __repr__(self):
+        return f"PerWorkerIterator(workers={self._cluster.num_workers})"
+
+
+# -- the adapter's methods ------------------------------------------------------
+
+
+def cluster_of(strategy) -> Cluster:
+    return strategy.extended.engine.cluster
+
+
+def create_coordinator(strategy) -> Cluster:
+    cluster = cluster_of(strategy)
+    cluster.start()
+    return cluster
+
+
+def schedule(coordinator: Cluster, fn, args, kwargs):
+    return coordinator.schedule(fn, args, kwargs)
+
+
+def fetch(coordinator: Cluster, remote_value):
+    return coordinator.fetch(remote_value)
+
+
+def join(coordinator: Cluster) -> None:
+    coordinator.join()
+
+
+def done(coordinator: Cluster) -> bool:
+    return coordinator.done()
+
+
+def create_per_worker_dataset(coordinator: Cluster, dataset_fn):
+    import ray.cloudpickle as cloudpickle
+
+    coordinator.start()
+    if not callable(dataset_fn):
+        raise TypeError("create_per_worker_dataset takes a function that makes the dataset.")
+    dataset_id = next(coordinator._ids)
+    coordinator.datasets[dataset_id] = cloudpickle.dumps(dataset_fn)
+    return PerWorkerDataset(coordinator, dataset_id)
+
+
+def shutdown(strategy) -> None:
+    """Stops the strategy's actors (tests; also at exit)."""
+    engine = strategy.extended._engine
+    if engine is not None and getattr(engine, "cluster", None) is not None:
+        engine.cluster.shutdown()
+
+
+# -- fit's step ---------------------------------------------------------------------
+
+
+class TrainStep:
+    """`fit`'s training step for a ParameterServerStrategy on JAX:
+    ``step(per_worker_iterator) -> logs``, to be scheduled with
+    `ClusterCoordinator.schedule`. On the worker it takes the next batch,
+    computes the gradients with Keras' stateless API on the pulled values,
+    pushes them (and the new non-trainable values), and returns the step's
+    logs (the metrics of this batch, as NumPy)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, iterator):
+        from keras_dist.backends.jax import _ray_actors
+
+        runtime = _ray_actors.current_worker()
+        if runtime is None:
+            raise RuntimeError(
+                "This is fit's step for a ParameterServerStrategy: it runs on a worker. "
+                "Schedule it: coordinator.schedule(step, args=(per_worker_iterator,))."
+            )
+        model = self.model
+        copy = runtime.variable_owner[id(model.trainable_variables[0])] if model.trainable_variables else None
+        if copy is None:
+            raise ValueError("fit on a ParameterServerStrategy needs a model with trainable variables.")
+        data = next(iterator)
+        program = _worker_program(model)
+        grads, non_trainable, logs = program(
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            data,
+        )
+        runtime.push_step(copy, grads, non_trainable)
+        # the step pushed its writes itself: nothing else changed
+        copy.pulled.update({copy.vid_of[id(v)]: v._value for v in copy.variables})
+        return {k: np.asarray(v) for k, v in logs.items()}
+
+
+def _worker_program(model):
+    """The compiled gradient + metrics program of a worker's model copy."""
+    program = model.__dict__.get("_keras_dist_ps_program")
+    if program is not None:
+        return program
+    import jax
+    import keras
+
+    def metrics_state():
+        return [v.value for v in model.metrics_variables]
+
+    def step(trainable, non_trainable, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        optimizer_variables = [v.value for v in model.optimizer.variables] if model.optimizer is not None else []
+        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
+        (loss, aux), grads = grad_fn(
+            trainable, non_trainable, initial_metrics, x, y, sample_weight, training=True, optimizer_variables=optimizer_variables
+        )
+        if len(aux) == 4:
+            unscaled_loss, y_pred, non_trainable, metrics_variables = aux
+        else:  # older Keras: (y_pred, non_trainable, metrics)
+            y_pred, non_trainable, metrics_variables = aux
+            unscaled_loss = loss
+        logs = _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight)
+        return grads, non_trainable, logs
+
+    built = {"done": False}
+    initial_metrics: list = []
+
+    def run(trainable, non_trainable, data):
+        nonlocal initial_metrics, compiled
+        if not built["done"]:
+            model._symbolic_build(data_batch=data)
+            model.reset_metrics()
+            initial_metrics = metrics_state()
+            compiled = step if model.run_eagerly else jax.jit(step)
+            built["done"] = True
+        return compiled(trainable, non_trainable, data)
+
+    compiled = None
+    model.__dict__["_keras_dist_ps_program"] = run
+    return run
+
+
+def _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight):
+    """Keras' metrics update of a train step (stateless), for this batch."""
+    import keras
+    from keras.src.backend.common.stateless_scope import StatelessScope
+
+    with StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_variables))):
+        model._loss_tracker.update_state(
+            unscaled_loss, sample_weight=next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
+        )
+        logs = model.compute_metrics(x, y, y_pred, sample_weight)
+    return logs
+
+
+def make_trainer_function(model, strategy, kind: str):
+    """PS on JAX: `fit`'s train step is `TrainStep` (scheduled by the fit
+    loop); evaluate/predict run in the coordinator (None: the usual steps),
+    on the values pulled at the last `join()`."""
+    if kind != "train":
+        return None
+    cluster = cluster_of(strategy)
+    cluster.register_model(model)
+    return TrainStep(model)
 
 
 def create_server(cluster, job_name, task_index, protocol, config, start):

@@ -211,6 +211,12 @@ def _place_stacked(engine, stacked):
 def make_trainer_function(model, strategy, kind: str) -> Optional[Callable]:
     """Keras' ``{kind}_function`` for `model` under `strategy`, or None
     where Keras' own serves (eager or un-jitted models)."""
+    from keras_dist._parameter_server import ParameterServerStrategy
+
+    if isinstance(strategy, ParameterServerStrategy):
+        from keras_dist.backends.jax import _parameter_servers
+
+        return _parameter_servers.make_trainer_function(model, strategy, kind)
     if model.run_eagerly or not model.jit_compile:
         return None
     engine = strategy.extended.engine

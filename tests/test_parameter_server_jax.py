@@ -556,3 +556,36 @@ def test_a_model_compiled_after_a_custom_loop_used_it_trains_with_fit_s_step(one
     assert _max_diff(before, reference.get_weights()) > 1e-4  # it trained
     assert _max_diff(model.get_weights(), reference.get_weights()) < 1e-5
     assert int(model.optimizer.iterations) == 1
+
+
+def test_fit_on_one_worker_one_ps_equals_one_device_fit_logs_included(make_cluster):
+    """`model.fit` through the core's parameter-server loop on JAX: with one
+    worker (steps run one after another) the weights and every epoch's
+    logs equal plain Keras' fit on the same batches; the logs are the
+    metrics over all the epoch's batches (each step's metric changes are
+    added into the coordinator's metrics), not one batch's."""
+    import itertools
+
+    strategy, _ = make_cluster(1, 1)
+    x, y = _task()
+    batch, steps = 32, len(x) // 32
+
+    def dataset_fn(input_context):
+        def batches():
+            for i in itertools.count():
+                j = (i * batch) % len(x)
+                yield x[j : j + batch], y[j : j + batch]
+
+        return batches()
+
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer=keras.optimizers.SGD(0.2), loss="binary_crossentropy", metrics=["accuracy"])
+    reference = _reference(model, keras.optimizers.SGD(0.2))
+    history = model.fit(keras_dist.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps, verbose=0)
+    expected = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2 * steps
+    assert _max_diff(model.get_weights(), reference.get_weights()) <= 1e-5
+    assert set(history.history) == set(expected.history)
+    for key in expected.history:
+        np.testing.assert_allclose(history.history[key], expected.history[key], atol=1e-5, rtol=0, err_msg=key)

@@ -5,8 +5,7 @@ The guide has three tables with the columns
 tf.distribute (first column "tf.distribute name"), the methods of
 Strategy / StrategyExtended / ReplicaContext ("tf method"), and names from
 elsewhere in tf ("tf name"). A support cell is `yes`, `no (issue #14)` /
-`no (issue #15)`, `Ray (in progress)` (JAX's parameter servers, being
-built: checked as `yes`), or `error: <ExceptionType> "<message>"`. For the column of
+`no (issue #15)`, or `error: <ExceptionType> "<message>"`. For the column of
 the running backend:
 
 * `yes`: the keras_dist name resolves (a module attribute, a submodule, or
@@ -87,7 +86,7 @@ STRATEGY_CLASSES = (
 )
 
 _NAME_CELL = re.compile(r"`([A-Za-z_][\w.]*)`\Z")
-_SUPPORT = re.compile(r'(?P<yes>yes|Ray \(in progress\))\Z|no \(issue #(?P<issue>1[45])\)\Z|error: (?P<type>\w+) "(?P<message>[^"]+)"\Z')
+_SUPPORT = re.compile(r'(?P<yes>yes)\Z|no \(issue #(?P<issue>1[45])\)\Z|error: (?P<type>\w+) "(?P<message>[^"]+)"\Z')
 MISSING = object()
 
 

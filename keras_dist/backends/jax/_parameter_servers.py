@@ -124,6 +124,7 @@ class _Closure:
         self.result: Any = None
         self.error: Optional[BaseException] = None
         self.attempts = 0
+        self.metrics_model: Any = None  # fit's step: the model whose metrics it updates
 
     def finish(self, result=None, error=None):
         self.result, self.error = result, error
@@ -166,6 +167,7 @@ class Cluster:
         self.fatal: Optional[BaseException] = None
         self.stopping = False
         self.stats = collections.Counter()
+        self.metric_deltas: list = []  # (model, deltas) of finished fit steps, added at join
         # registrations
         self.variables: list = []  # vid -> coordinator keras.Variable
         self.vid_of: dict = {}  # id(variable) -> vid
@@ -483,6 +485,7 @@ class Cluster:
             self.send_coordinator_writes()
         payload, needs = self.pickle_call(fn, args, kwargs)
         closure = _Closure(payload, needs)
+        closure.metrics_model = fn.model if isinstance(fn, TrainStep) else None
         with self.cond:
             if self.fatal is not None:
                 raise self.fatal
@@ -553,7 +556,10 @@ class Cluster:
             self.inflight -= 1
             if outcome[0] == "ok":
                 self.stats["completed"] += 1
-                closure.finish(result=outcome[1])
+                result = outcome[1]
+                if closure.metrics_model is not None and isinstance(result, dict) and METRIC_DELTAS in result:
+                    self.metric_deltas.append((closure.metrics_model, result.pop(METRIC_DELTAS)))
+                closure.finish(result=result)
             else:
                 error = outcome[1]
                 if outcome[2]:
@@ -601,6 +607,17 @@ class Cluster:
                 self.cond.wait(timeout=1.0)
             self._raise_error()
         self.pull_to_coordinator()
+        self.add_metric_deltas()
+
+    def add_metric_deltas(self) -> None:
+        """Adds the finished fit steps' metric changes into the
+        coordinator's metrics (Keras' metric states are sums), so
+        `model.get_metrics_result()` covers every worker's batches."""
+        with self.cond:
+            pending, self.metric_deltas = self.metric_deltas, []
+        for model, deltas in pending:
+            for variable, delta in zip(model.metrics_variables, deltas):
+                variable.assign(variable.value + delta)
 
     def fetch(self, closure: _Closure):
         closure.event.wait()
@@ -758,6 +775,10 @@ def shutdown(strategy) -> None:
 # -- fit's step ---------------------------------------------------------------------
 
 
+#: The key under which fit's step returns its metric-variable changes.
+METRIC_DELTAS = "_keras_dist_metric_deltas"
+
+
 class TrainStep:
     """`fit`'s training step for a ParameterServerStrategy on JAX:
     ``step(per_worker_iterator) -> logs``, to be scheduled with
@@ -784,7 +805,7 @@ class TrainStep:
             raise ValueError("fit on a ParameterServerStrategy needs a model with trainable variables.")
         data = next(iterator)
         program = _worker_program(model)
-        grads, non_trainable, logs = program(
+        grads, non_trainable, (logs, deltas) = program(
             [v.value for v in model.trainable_variables],
             [v.value for v in model.non_trainable_variables],
             data,
@@ -792,7 +813,12 @@ class TrainStep:
         runtime.push_step(copy, grads, non_trainable)
         # the step pushed its writes itself: nothing else changed
         copy.pulled.update({copy.vid_of[id(v)]: v._value for v in copy.variables})
-        return {k: np.asarray(v) for k, v in logs.items()}
+        result = {k: np.asarray(v) for k, v in logs.items()}
+        # This batch's change to every metric variable: the coordinator adds
+        # them into its metrics (`Cluster._finish`), as tf's metric variables
+        # on the ps get every worker's assign_add.
+        result[METRIC_DELTAS] = [np.asarray(d) for d in deltas]
+        return result
 
 
 def _worker_program(model):
@@ -818,8 +844,9 @@ def _worker_program(model):
         else:  # older Keras: (y_pred, non_trainable, metrics)
             y_pred, non_trainable, metrics_variables = aux
             unscaled_loss = loss
-        logs = _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight)
-        return grads, non_trainable, logs
+        logs, metrics_state_after = _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight)
+        deltas = [after - before for after, before in zip(metrics_state_after, initial_metrics)]
+        return grads, non_trainable, (logs, deltas)
 
     built = {"done": False}
     initial_metrics: list = []
@@ -844,12 +871,13 @@ def _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_
     import keras
     from keras.src.backend.common.stateless_scope import StatelessScope
 
-    with StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_variables))):
+    with StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_variables))) as scope:
         model._loss_tracker.update_state(
             unscaled_loss, sample_weight=next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
         )
         logs = model.compute_metrics(x, y, y_pred, sample_weight)
-    return logs
+        state = [scope.get_current_value(v) for v in model.metrics_variables]
+    return logs, [v if v is not None else m for v, m in zip(state, metrics_variables)]
 
 
 def make_trainer_function(model, strategy, kind: str):

@@ -134,7 +134,8 @@ def fit(model: Any, strategy: Any, bound: dict) -> Any:
 
     if not _fully_built(model):  # build on the coordinator from one batch
         batch = next(iter(call_dataset_fn(dataset_fn, InputContext(1, 0, 1))))
-        model._symbolic_build(data_batch=batch)
+        with strategy.scope():  # the metrics' and optimizer's variables are the strategy's
+            model._symbolic_build(data_batch=batch)
     coordinator = ClusterCoordinator(strategy)
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     step = get_adapter().make_trainer_function(model, strategy, "train")

@@ -182,8 +182,9 @@ class _RecordingDistribution(keras.distribution.DataParallel):
         self._record = record
 
     def get_variable_layout(self, variable):
-        self._record.add(variable)
-        return super().get_variable_layout(variable)
+        layout = super().get_variable_layout(variable)
+        self._record.add(variable, layout)
+        return layout
 
 
 def _create_parameter_server_engine(extended) -> "ParameterServerEngine":

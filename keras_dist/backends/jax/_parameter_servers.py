@@ -101,13 +101,21 @@ class VariableRecord:
 
     def __init__(self):
         self._refs: dict = {}
+        self._layouts: dict = {}
 
-    def add(self, variable) -> None:
+    def add(self, variable, layout=None) -> None:
         self._refs[id(variable)] = weakref.ref(variable)
+        if layout is not None:
+            self._layouts[id(layout)] = layout
 
     def __contains__(self, variable) -> bool:
         ref = self._refs.get(id(variable))
-        return ref is not None and ref() is variable
+        if ref is not None and ref() is variable:
+            return True
+        # Keras gives an optimizer's slot the layout of its model variable
+        # without asking the distribution: a slot of a variable made here.
+        layout = getattr(variable, "_layout", None)
+        return layout is not None and self._layouts.get(id(layout)) is layout
 
 
 # -- the coordinator's engine -------------------------------------------------

@@ -77,10 +77,16 @@ def test_fit_with_dataset_function_callbacks_evaluate_predict(tmp_path):
 
 @tf_engine
 def test_worker_killed_mid_training_is_rescheduled(tmp_path):
+    """TensorFlow's coordinator re-runs a dead worker's function elsewhere:
+    at least once. A step whose update reached the ps just before its
+    worker died runs again, so `iterations` may be one more per step in
+    flight on the killed worker (61 of 60 seen once in a loaded clean-clone
+    run; 60 otherwise). Never fewer: no update is lost. (JAX's engine keys
+    each push: exactly once, tests/test_parameter_server_jax.py.)"""
     report = _job(tmp_path, 2, 1, "kill", 60)
     assert report.get("killed"), report
     assert "error" not in report, report
-    assert report["iterations"] == 60
+    assert 60 <= report["iterations"] <= 61, report["iterations"]
 
 
 @tf_engine

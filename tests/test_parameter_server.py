@@ -210,15 +210,23 @@ def test_partitioners_refuse_bad_arguments():
     assert np.array_equal(p.FixedShardsPartitioner(2)((10, 3), "float32"), [2, 1])
 
 
-@tf_engine
+#: backend -> (the example, its ps tasks): TensorFlow's engine, JAX's Ray actors.
+EXAMPLES = {"tensorflow": ("parameter_server.py", 1), "jax": ("parameter_server_jax.py", 2)}
+
+
 def test_example_through_the_launcher():
+    """The backend's example as the guide runs it: `keras-dist launch
+    --workers 2 --ps M` (server processes on TensorFlow; on JAX the
+    strategy starts Ray actors), fit then a custom loop; every step applied
+    once and accuracy in one device's band ("MATCH")."""
+    example, ps = EXAMPLES[BACKEND]
     env = dict(
-        os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+        os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
     )
     result = subprocess.run(
-        [sys.executable, "-m", "keras_dist.launch", "--workers", "2", "--ps", "1", "--timeout", "90",
-         "--max-time", "140", os.path.join(ROOT, "examples", "parameter_server.py")],
+        [sys.executable, "-m", "keras_dist.launch", "--workers", "2", "--ps", str(ps), "--timeout", "90",
+         "--max-time", "140", os.path.join(ROOT, "examples", example)],
         env=env, capture_output=True, text=True, timeout=150,
     )
     assert result.returncode == 0 and "[chief] MATCH" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import abc
 import collections
+import contextlib
 import dataclasses
 import enum
+import threading
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from keras_dist._split import per_replica_batch_size
@@ -147,33 +149,108 @@ class InputContext:
         )
 
 
-def check_auto_shard_policy(dataset: Any, num_workers: int) -> None:
-    """Multi-worker input is sharded by data; refuses a tf.data dataset that
-    asks for another policy (its options say FILE, HINT or OFF).
+class WorkerBatches:
+    """The job's global batches when each worker reads its own stream
+    (`keras_dist._tf_data`: AutoShardPolicy FILE, OFF or HINT).
 
-    Every worker reads the whole dataset of global batches and keeps the
-    rows of its own replicas (tf's ``AutoShardPolicy.DATA``), so training
-    equals one device on the same global batches, partial last batch
-    included.
+    Each step every worker takes the next batch of its stream (none once
+    it has ended), and the step's global batch is every worker's rows, in
+    worker order, on every worker: two all-gathers of the backend's
+    (`values_from_every_worker`), the row counts, then the rows. The data
+    ends for all workers at once, when none has a batch left, so a worker
+    whose stream is shorter keeps joining the others' steps.
+
+    `empty`: a batch of 0 rows of the stream's structure and dtypes.
     """
-    if num_workers <= 1 or not callable(getattr(dataset, "options", None)):
-        return
+
+    def __init__(self, local: Iterator, empty: Any):
+        self._local = local
+        self._empty = empty
+
+    def __iter__(self) -> "WorkerBatches":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._local)
+        except StopIteration:
+            batch = None
+        combined = combine_worker_batches(batch, self._empty)
+        if combined is None:
+            raise StopIteration
+        return combined
+
+
+def combine_worker_batches(batch: Any, empty: Any) -> Any:
+    """Every worker's `batch` (None: this worker has none) concatenated in
+    worker order, on every worker; None when no worker has rows. Rows
+    travel as raw bytes in 32-bit words, so every dtype arrives exactly."""
+    import keras
+    import numpy as np
+
+    from keras_dist.backends import get_adapter
+
+    adapter = get_adapter()
+    structure = empty if batch is None else batch
+    leaves = [np.asarray(leaf) for leaf in keras.tree.flatten(structure)]
+    templates = [np.asarray(leaf) for leaf in keras.tree.flatten(empty)]
+    rows = 0 if batch is None or not leaves else int(leaves[0].shape[0])
+    (counts,) = adapter.values_from_every_worker([np.array(rows, np.int32)])
+    counts = [int(c) for c in np.reshape(counts, -1)]
+    most = max(counts)
+    if most == 0:
+        return None
+    words = [_as_words(leaf, most) for leaf in leaves]
+    gathered = adapter.values_from_every_worker(words)
+    combined = [
+        np.concatenate([_from_words(g[worker, :count], template) for worker, count in enumerate(counts)])
+        for g, template in zip(gathered, templates)
+    ]
+    return keras.tree.pack_sequence_as(empty, combined)
+
+
+def _as_words(leaf, rows: int):
+    """`leaf`'s rows as int32 words, padded with zero rows to `rows`."""
+    import numpy as np
+
+    size = int(np.prod(leaf.shape[1:], dtype=np.int64)) * leaf.dtype.itemsize
+    flat = np.ascontiguousarray(leaf).reshape(-1).view(np.uint8).reshape(leaf.shape[0], size)
+    width = -(-size // 4) * 4
+    padded = np.zeros((rows, width), np.uint8)
+    padded[: flat.shape[0], : flat.shape[1]] = flat
+    return padded.view(np.int32)
+
+
+def _from_words(words, template):
+    import numpy as np
+
+    inner = template.shape[1:]
+    size = int(np.prod(inner, dtype=np.int64)) * template.dtype.itemsize
+    data = np.ascontiguousarray(words).view(np.uint8)[:, :size]
+    return np.ascontiguousarray(data).view(template.dtype).reshape((words.shape[0], *inner))
+
+
+_worker_streams = threading.local()
+
+
+@contextlib.contextmanager
+def worker_streams(empties: dict) -> Iterator[None]:
+    """While `fit`/`evaluate`/`predict` runs: for each step kind ("train",
+    "test", "predict") named in `empties`, its empty batch if each worker
+    reads its own stream of that kind's input, or None if every worker
+    reads the same global batches. Kinds not named keep the outer call's
+    setting (fit's validation runs through `evaluate`)."""
+    previous = getattr(_worker_streams, "empties", {})
+    _worker_streams.empties = {**previous, **empties}
     try:
-        policy = dataset.options().experimental_distribute.auto_shard_policy
-    except AttributeError:
-        return
-    name = getattr(policy, "name", str(policy))
-    if name in ("AUTO", "DATA"):
-        return
-    raise ValueError(
-        f"This dataset's options ask for AutoShardPolicy.{name}; keras_dist "
-        "shards multi-worker input by data: every worker reads the same "
-        "global batches and keeps its replicas' rows, which is exact for any "
-        "batch (sharding by file or not at all changes which examples form "
-        "a global batch). Leave the policy at AUTO or set "
-        "options.experimental_distribute.auto_shard_policy = "
-        "tf.data.experimental.AutoShardPolicy.DATA."
-    )
+        yield
+    finally:
+        _worker_streams.empties = previous
+
+
+def worker_stream_empty(kind: str) -> Any:
+    """The empty batch of `kind`'s per-worker stream, or None."""
+    return getattr(_worker_streams, "empties", {}).get(kind)
 
 
 def _shape(spec) -> Optional[list]:

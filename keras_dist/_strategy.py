@@ -324,10 +324,11 @@ class Strategy:
         from keras_dist._input import (
             DistributedDataset,
             InputReplicationMode,
-            check_auto_shard_policy,
+            WorkerBatches,
             check_batched,
             check_dataset,
         )
+        from keras_dist import _tf_data
 
         options = _input_options("experimental_distribute_dataset", options)
         if options.experimental_replication_mode is not InputReplicationMode.PER_WORKER:
@@ -337,10 +338,22 @@ class Strategy:
                 "experimental_distribute_dataset splits one dataset of global batches."
             )
         check_dataset(dataset)
-        check_auto_shard_policy(dataset, self._extended.num_workers)
         check_batched(dataset, self.num_replicas_in_sync, what="experimental_distribute_dataset")
         engine = self._extended.engine
         adapter = get_adapter()
+        extended = self._extended
+        if _tf_data.reads_per_worker(dataset, extended.num_workers):
+            # AutoShardPolicy FILE, OFF or HINT: each worker reads its own
+            # stream; a step's global batch is every worker's rows
+            _check_host_input_options("experimental_distribute_dataset", options)
+            stream = _tf_data.worker_dataset(dataset, extended.num_workers, extended.worker_index, self.num_replicas_in_sync)
+            empty = _tf_data.empty_batch(stream.element_spec)
+            return DistributedDataset(
+                lambda: WorkerBatches(adapter.iterate_batches(stream), empty),
+                lambda batch: adapter.split_global_batch(engine, batch),
+                self._element_spec,
+                options.experimental_per_replica_buffer_size,
+            )
         native = adapter.distribute_dataset_natively(engine, dataset, self._first_local_replica(), "global_batches", options)
         if native is not None:
             return native

@@ -216,3 +216,55 @@ def test_one_device_strategy_matches_plain_keras():
         reference.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
         distributed.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
     )
+
+
+def test_worker_batches_carry_every_dtype_exactly_and_end_together():
+    """The rows of per-worker streams travel as raw 32-bit words: any
+    dtype and odd row widths arrive bit for bit; a worker's stream ending
+    gives StopIteration only when no worker has rows (one worker here)."""
+    from keras_dist._input import WorkerBatches, combine_worker_batches
+
+    rng = np.random.default_rng(0)
+    batch = {
+        "f64": rng.normal(size=(5, 3)),
+        "i64": rng.integers(-(2**62), 2**62, size=(5,)),
+        "u8": rng.integers(0, 255, size=(5, 3, 1)).astype("uint8"),
+        "b": rng.normal(size=(5, 1)) > 0,
+        "f16": rng.normal(size=(5, 7)).astype("float16"),
+    }
+    empty = {key: value[:0] for key, value in batch.items()}
+    combined = combine_worker_batches(batch, empty)
+    for key, value in batch.items():
+        assert combined[key].dtype == value.dtype and combined[key].shape == value.shape
+        assert combined[key].tobytes() == value.tobytes(), key
+    assert combine_worker_batches(None, empty) is None
+    assert [len(b["b"]) for b in WorkerBatches(iter([batch, batch]), empty)] == [5, 5]
+
+
+@pytest.mark.needs_tensorflow
+@pytest.mark.parametrize("policy", ["OFF", "FILE", "HINT"])
+def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
+    """Each worker's stream: tf's split of every global batch into one piece
+    per replica in the job, sharded for the worker, a step taking one piece
+    per local replica. FILE and HINT here shard two files between the two
+    workers; OFF leaves every worker every row."""
+    import tensorflow as tf
+
+    from keras_dist._tf_data import worker_dataset
+
+    names = []
+    for start in (0, 100):  # two files of 7 rows
+        names.append(str(tmp_path / f"part-{start}.txt"))
+        (tmp_path / f"part-{start}.txt").write_text("".join(f"{start + i}\n" for i in range(7)))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
+    files = tf.data.Dataset.from_tensor_slices(names)
+    if policy == "HINT":
+        files = files.shard(tf.data.experimental.SHARD_HINT, tf.data.experimental.SHARD_HINT)
+    lines = files.interleave(tf.data.TextLineDataset, cycle_length=1)
+    dataset = lines.map(lambda line: tf.strings.to_number(line, tf.int64)).batch(4).with_options(options)
+    streams = [[b.tolist() for b in worker_dataset(dataset, 2, w, 4).as_numpy_iterator()] for w in range(2)]
+    if policy == "OFF":  # every worker every row, 2 of each 4 per step
+        assert streams[0] == streams[1] == [[0, 1], [2, 3], [4, 5], [6, 100], [101, 102], [103, 104], [105, 106]]
+    else:
+        assert streams == [[[0, 1], [2, 3], [4, 5], [6]], [[100, 101], [102, 103], [104, 105], [106]]]

@@ -186,13 +186,58 @@ def _engine_import_messages(env):
     return {_engine_message(line) for line in (done.stdout + done.stderr).splitlines() if re.match(r"^[IWEF]\d{4} ", line)}
 
 
+AUTOSHARD_WORKER = os.path.join(ROOT, "tests", "workers", "mw_autoshard.py")
+
+
+def _write_csv_parts(directory, sizes, seed=0):
+    """CSV files of 4 features and a 0/1 label, `sizes` rows each."""
+    rng = np.random.default_rng(seed)
+    directory.mkdir()
+    for number, size in enumerate(sizes):
+        x = rng.normal(size=(size, 4))
+        y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int)
+        lines = [",".join(f"{v:.6f}" for v in row) + f",{label}" for row, label in zip(x, y)]
+        (directory / f"part-{number}.csv").write_text("\n".join(lines) + "\n")
+
+
 @pytest.mark.needs_tensorflow
-@pytest.mark.parametrize("policy", ["OFF", "FILE", "HINT"])
-def test_multi_worker_refuses_other_auto_shard_policies(mirrored, monkeypatch, policy):
-    """Input is sharded by data; a dataset asking for another policy gets
-    one clear error before training starts (the job's workers all agree)."""
+@pytest.mark.parametrize(
+    "policy,devices_per_worker", [("FILE", 2), ("OFF", 1), ("HINT", 1)], ids=["FILE-2dev", "OFF-1dev", "HINT-1dev"]
+)
+def test_per_worker_auto_shard_policies_train_on_every_workers_rows(tmp_path, policy, devices_per_worker):
+    """AutoShardPolicy FILE/OFF/HINT: each worker reads its own stream
+    (tf's per-worker pipeline), a step's global batch is every worker's rows
+    that step. fit (with validation), evaluate and a custom loop equal one
+    device on those global batches; on TensorFlow each worker's rows equal
+    what tf's own distributed dataset gives it."""
+    # files of different sizes: under FILE (and HINT, where the dataset
+    # marks its files with shard(SHARD_HINT, SHARD_HINT)), worker 0 (parts 0, 2, 4) holds
+    # 72 rows, worker 1 (parts 1, 3) 28: it runs out first, and keeps joining
+    _write_csv_parts(tmp_path / "data", [23, 17, 30, 11, 19])
+    codes, outputs = _run_job(tmp_path, 2, [devices_per_worker, policy], worker=AUTOSHARD_WORKER)
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    results = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
+    for result in results:
+        assert result["num_replicas"] == 2 * devices_per_worker
+        if policy in ("FILE", "HINT"):  # every example once, workers' streams uneven
+            assert sum(result["global_rows"]) == 100 and result["stream_steps"] == [9, 4]
+        else:  # OFF: every worker reads every file, each example twice
+            assert sum(result["global_rows"]) == 200 and result["stream_steps"] == [13, 13]
+        assert result["weight_diff"] <= 1e-5
+        for key, value in result["evaluate_ref"].items():
+            assert abs(result["evaluate"][key] - value) <= 1e-5, key
+        assert result["epochs"] == 2 and 0.0 <= result["val_accuracy"] <= 1.0
+        assert result["custom_sums"] == result["custom_sums_ref"]
+        if BACKEND == "tensorflow":
+            assert result["tf_stream_equal"]
+    assert results[0]["global_rows"] == results[1]["global_rows"]
+
+
+@pytest.mark.needs_tensorflow
+def test_per_worker_streams_refused_where_they_cannot_hold(mirrored, monkeypatch):
+    """predict of a per-worker stream, and a stream whose inner shapes are
+    unknown: one clear error each, before anything changes."""
     import keras
-    import numpy as np
     import tensorflow as tf
 
     strategy = mirrored(2)
@@ -202,17 +247,20 @@ def test_multi_worker_refuses_other_auto_shard_policies(mirrored, monkeypatch, p
         model.compile(optimizer="sgd", loss="mse")
     before = [w.copy() for w in model.get_weights()]
     x = np.ones((8, 3), "float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
-    with pytest.raises(ValueError, match=f"AutoShardPolicy.{policy}.*shards multi-worker input by data"):
-        model.fit(dataset.with_options(options), epochs=1, verbose=0)
-    with pytest.raises(ValueError, match="AutoShardPolicy"):
-        strategy.experimental_distribute_dataset(dataset.with_options(options))
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4).with_options(options)
+    with pytest.raises(ValueError, match="predict got a tf.data dataset whose options ask for AutoShardPolicy.OFF"):
+        model.predict(dataset.map(lambda a, b: a), verbose=0)
+    ragged = tf.data.Dataset.from_generator(
+        lambda: iter([(x[:4], x[:4, :1])]),
+        output_signature=(tf.TensorSpec([None, None], tf.float32), tf.TensorSpec([None, 1], tf.float32)),
+    ).with_options(options)
+    with pytest.raises(ValueError, match="needs every dimension but the batch one known"):
+        model.fit(ragged, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="needs every dimension but the batch one known"):
+        strategy.experimental_distribute_dataset(ragged)
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    model.fit(dataset.with_options(options), epochs=1, verbose=0)  # DATA is what we do
 
 
 RANDOM_WORKER = os.path.join(ROOT, "tests", "workers", "mw_random.py")

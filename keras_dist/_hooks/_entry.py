@@ -14,7 +14,8 @@ from keras_dist import _context
 from keras_dist._communication import PeerWorkerError
 from keras_dist._hooks import _files, _optimizers, _ps_fit
 from keras_dist._hooks._patching import model_strategy, remember_strategy
-from keras_dist._input import check_auto_shard_policy, check_batched
+from keras_dist import _tf_data
+from keras_dist._input import check_batched, worker_streams
 from keras_dist._split import validate_batch_size
 from keras_dist.backends import get_adapter
 
@@ -129,14 +130,16 @@ def wrap_entry(name: str):
                 for argument in batch_arguments:
                     validate_batch_size(bound.get(argument), argument)
                 for argument in ("x", "validation_data"):
-                    check_auto_shard_policy(bound.get(argument), strategy.extended.num_workers)
                     what = name if argument == "x" else f"{name}'s {argument}"
                     check_batched(bound.get(argument), strategy.num_replicas_in_sync, self, what)
                 if strategy.extended.should_checkpoint:
                     _files.check_backup_dirs_writable(bound.get("callbacks"))
             _check_model_variables(self, strategy)
+            empties = {}
+            if batch_arguments:
+                args, kwargs, empties = _per_worker_streams(name, signature, strategy, self, args, kwargs)
             try:
-                with _explain_peer_failures(strategy):
+                with _explain_peer_failures(strategy), worker_streams(empties):
                     if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
                         return _files.run_as_non_chief(original, signature, strategy, self, args, kwargs)
                     with strategy.scope():
@@ -147,6 +150,41 @@ def wrap_entry(name: str):
         return entry
 
     return make
+
+
+_STEP_KINDS = {"fit": "train", "evaluate": "test", "predict": "predict"}
+
+
+def _per_worker_streams(name, signature, strategy, model, args, kwargs):
+    """Multi-worker tf.data input whose options ask for AutoShardPolicy
+    FILE, OFF or HINT: each worker reads its own stream (`_tf_data`),
+    whose steps' rows are combined over the job (`WorkerBatches`).
+
+    Returns the call's arguments with those datasets replaced by this
+    worker's streams, and, per step kind given input, the empty batch of
+    its stream (None: every worker reads the same global batches)."""
+    extended = strategy.extended
+    bound = signature.bind(model, *args, **kwargs)
+    empties = {}
+    for argument, kind in (("x", _STEP_KINDS[name]), ("validation_data", "test")):
+        value = bound.arguments.get(argument)
+        if value is None:
+            continue
+        if not _tf_data.reads_per_worker(value, extended.num_workers):
+            empties[kind] = None
+            continue
+        if name == "predict":
+            raise ValueError(
+                f"predict got a tf.data dataset whose options ask for "
+                f"AutoShardPolicy.{_tf_data.auto_shard_policy(value)}: each worker would "
+                "predict its own stream, and predict returns every row of its input "
+                "in order. Predict with AutoShardPolicy.AUTO or DATA (every worker "
+                "returns all rows), or call predict on a model outside the strategy."
+            )
+        stream = _tf_data.worker_dataset(value, extended.num_workers, extended.worker_index, strategy.num_replicas_in_sync)
+        empties[kind] = _tf_data.empty_batch(stream.element_spec)
+        bound.arguments[argument] = stream
+    return bound.args[1:], bound.kwargs, empties
 
 
 def _parameter_server_fit(model, strategy, name, signature, args, kwargs):

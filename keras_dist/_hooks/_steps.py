@@ -14,7 +14,7 @@ from __future__ import annotations
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-from keras_dist import _context, _shard
+from keras_dist import _context, _input, _shard
 from keras_dist._hooks._patching import model_strategy
 from keras_dist.backends import get_adapter
 
@@ -32,13 +32,33 @@ def wrap_make_function(kind: str):
                 return getattr(self, attribute)
             function = get_adapter().make_trainer_function(self, strategy, kind)
             if function is None:
-                return original(self, force)
+                original(self, force)
+                function = getattr(self, attribute)
+            if strategy.extended.num_workers > 1:
+                function = _combining_worker_streams(function, kind)
             setattr(self, attribute, function)
             return function
 
         return make_function
 
     return make
+
+
+def _combining_worker_streams(function, kind: str):
+    """`function(..., iterator)` taking the job's global batches from the
+    iterator when each worker reads its own stream (`_input.worker_streams`);
+    else `function` as it is."""
+    if kind == "predict":  # refused with per-worker streams (hooks._entry)
+        return function
+
+    def call(*args):
+        empty = _input.worker_stream_empty(kind)
+        if empty is None:
+            return function(*args)
+        *rest, iterator = args
+        return function(*rest, _input.WorkerBatches(iterator, empty))
+
+    return call
 
 
 def wrap_distribute_data(original):

@@ -489,8 +489,10 @@ def values_from_chief(values):
 _gather_functions: dict = {}
 
 
-def _gather_function(engine):
-    function = _gather_functions.get(id(engine))
+def _gather_function(engine, count: int):
+    # one per number of values: tf's retracing cannot relax a varargs
+    # signature to another length (IndexError in its function cache)
+    function = _gather_functions.get((id(engine), count))
     if function is not None:
         return function
     workers = engine.extended._num_workers
@@ -515,7 +517,7 @@ def _gather_function(engine):
     def gather(*tensors):
         return engine.run(replica, args=tensors)
 
-    _gather_functions[id(engine)] = gather
+    _gather_functions[(id(engine), count)] = gather
     return gather
 
 
@@ -528,5 +530,5 @@ def values_from_every_worker(values):
     engine = _multi_worker["engine"]
     if engine is None or not values:
         return [v[None] for v in values]
-    stacked = _gather_function(engine)(*[tf.convert_to_tensor(v) for v in values])
+    stacked = _gather_function(engine, len(values))(*[tf.convert_to_tensor(v) for v in values])
     return [engine.experimental_local_results(value)[0].numpy() for value in stacked]

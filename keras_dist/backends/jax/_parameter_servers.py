@@ -176,6 +176,8 @@ class Cluster:
         self.stopping = False
         self.stats = collections.Counter()
         self.metric_deltas: list = []  # (model, deltas) of finished fit steps, added at join
+        self.finished_ids: list = []  # closures finished since the last join
+        self.forget_next: list = []  # ... and before it: their push keys go at the next join
         # registrations
         self.variables: list = []  # vid -> coordinator keras.Variable
         self.vid_of: dict = {}  # id(variable) -> vid
@@ -562,6 +564,7 @@ class Cluster:
         actors = _actors()
         with self.cond:
             self.inflight -= 1
+            self.finished_ids.append(closure.id)
             if outcome[0] == "ok":
                 self.stats["completed"] += 1
                 result = outcome[1]
@@ -616,6 +619,18 @@ class Cluster:
             self._raise_error()
         self.pull_to_coordinator()
         self.add_metric_deltas()
+        self.forget_finished_pushes()
+
+    def forget_finished_pushes(self) -> None:
+        """Each ps keeps the keys of the pushes it applied, to refuse a
+        re-run's second push. A closure finished before the previous join
+        can push no more (one join of slack for a lost worker's push still
+        on its way), so its keys are dropped: memory stays bounded."""
+        with self.cond:
+            forget, self.forget_next = self.forget_next, self.finished_ids
+            self.finished_ids = []
+        if forget and self.started:
+            self._get([p.forget.remote(forget) for p in self.ps], "forgetting finished pushes")
 
     def add_metric_deltas(self) -> None:
         """Adds the finished fit steps' metric changes into the

@@ -151,6 +151,14 @@ class ParameterServerActor:
         self.applied.add(key)
         return True
 
+    def forget(self, closure_ids) -> int:
+        """Drops the keys of these closures' pushes (they finished before
+        the coordinator's previous `join`: none of their pushes can come
+        again), so the keys kept stay bounded; returns how many are kept."""
+        ids = set(closure_ids)
+        self.applied = {key for key in self.applied if key[0] not in ids}
+        return len(self.applied)
+
     def optimizer_state(self, oid) -> Optional[dict]:
         optimizer = self.optimizers.get(oid)
         if optimizer is None:

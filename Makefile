@@ -119,6 +119,7 @@ test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
 bench: install
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/weak_scaling.py
+	$(PY) benchmarks/per_worker_input.py
 
 clean:
 	rm -rf $(VENV) $(VENV_JAX) $(VENV_TF) $(KERAS_MIN_DIR) $(TEST_LOGS) build *.egg-info

@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 from keras_dist.launch import free_ports  # noqa: E402
 
 
-def run_job(backend, workers, batch, steps, repeats, timeout):
-    """Starts `workers` processes, worker i pinned to core i; the chief's line."""
+def run_job(backend, workers, batch, steps, repeats, timeout, script="_weak_worker.py", extra=()):
+    """Starts `workers` processes of `script` (argv: BACKEND BATCH STEPS
+    REPEATS *extra), worker i pinned to core i; the chief's last line."""
     ports = free_ports(workers + 1)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:workers]]}
     cores = sorted(os.sched_getaffinity(0))
@@ -44,7 +45,7 @@ def run_job(backend, workers, batch, steps, repeats, timeout):
                 env["KERAS_DIST_COORDINATOR"] = f"127.0.0.1:{ports[-1]}"
             core = {cores[index % len(cores)]}
             processes.append(subprocess.Popen(
-                [sys.executable, str(HERE / "_weak_worker.py"), backend, str(batch), str(steps), str(repeats)],
+                [sys.executable, str(HERE / script), backend, str(batch), str(steps), str(repeats), *map(str, extra)],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 preexec_fn=lambda core=core: os.sched_setaffinity(0, core),
             ))

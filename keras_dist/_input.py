@@ -155,17 +155,20 @@ class WorkerBatches:
 
     Each step every worker takes the next batch of its stream (none once
     it has ended), and the step's global batch is every worker's rows, in
-    worker order, on every worker: two all-gathers of the backend's
-    (`values_from_every_worker`), the row counts, then the rows. The data
+    worker order, on every worker: one all-gather of the backend's
+    (`values_from_every_worker`) of the row counts and the rows padded to
+    `max_rows` (two, counts first, where no bound is known). The data
     ends for all workers at once, when none has a batch left, so a worker
     whose stream is shorter keeps joining the others' steps.
 
-    `empty`: a batch of 0 rows of the stream's structure and dtypes.
+    `empty`: a batch of 0 rows of the stream's structure and dtypes;
+    `max_rows`: the most rows a worker's batch can have, or None.
     """
 
-    def __init__(self, local: Iterator, empty: Any):
+    def __init__(self, local: Iterator, empty: Any, max_rows: Optional[int] = None):
         self._local = local
         self._empty = empty
+        self._max_rows = max_rows
 
     def __iter__(self) -> "WorkerBatches":
         return self
@@ -175,16 +178,19 @@ class WorkerBatches:
             batch = next(self._local)
         except StopIteration:
             batch = None
-        combined = combine_worker_batches(batch, self._empty)
+        combined = combine_worker_batches(batch, self._empty, self._max_rows)
         if combined is None:
             raise StopIteration
         return combined
 
 
-def combine_worker_batches(batch: Any, empty: Any) -> Any:
+def combine_worker_batches(batch: Any, empty: Any, max_rows: Optional[int] = None) -> Any:
     """Every worker's `batch` (None: this worker has none) concatenated in
-    worker order, on every worker; None when no worker has rows. Rows
-    travel as raw bytes in 32-bit words, so every dtype arrives exactly."""
+    worker order, on every worker; None when no worker has rows. A
+    worker's batch travels as one buffer of 32-bit words (its row count,
+    then each part's raw bytes), so every dtype arrives exactly. With
+    `max_rows` (the most any worker's batch has) one all-gather carries
+    the counts and the rows; without, the counts go first."""
     import keras
     import numpy as np
 
@@ -195,18 +201,46 @@ def combine_worker_batches(batch: Any, empty: Any) -> Any:
     leaves = [np.asarray(leaf) for leaf in keras.tree.flatten(structure)]
     templates = [np.asarray(leaf) for leaf in keras.tree.flatten(empty)]
     rows = 0 if batch is None or not leaves else int(leaves[0].shape[0])
-    (counts,) = adapter.values_from_every_worker([np.array(rows, np.int32)])
-    counts = [int(c) for c in np.reshape(counts, -1)]
-    most = max(counts)
-    if most == 0:
+    if max_rows is not None:
+        if rows > max_rows:
+            raise RuntimeError(f"A worker's batch has {rows} rows, more than the {max_rows} its stream can hold.")
+        packed = adapter.values_from_every_worker([_pack(rows, leaves, max_rows)])[0]
+        counts = [int(c) for c in packed[:, 0]]
+    else:
+        (counts,) = adapter.values_from_every_worker([np.array(rows, np.int32)])
+        counts = [int(c) for c in np.reshape(counts, -1)]
+        packed = None
+    if max(counts) == 0:
         return None
-    words = [_as_words(leaf, most) for leaf in leaves]
-    gathered = adapter.values_from_every_worker(words)
-    combined = [
-        np.concatenate([_from_words(g[worker, :count], template) for worker, count in enumerate(counts)])
-        for g, template in zip(gathered, templates)
-    ]
+    capacity = max_rows
+    if packed is None:
+        capacity = max(counts)
+        packed = adapter.values_from_every_worker([_pack(rows, leaves, capacity)])[0]
+    per_worker = [_unpack(words, n, templates, capacity) for words, n in zip(packed, counts)]
+    combined = [np.concatenate(parts) for parts in zip(*per_worker)]
     return keras.tree.pack_sequence_as(empty, combined)
+
+
+def _pack(rows: int, leaves: list, capacity: int):
+    """One int32 buffer: the row count, then each leaf's rows as words,
+    padded to `capacity` rows (one collective carries a worker's batch)."""
+    import numpy as np
+
+    return np.concatenate([np.array([rows], np.int32)] + [_as_words(leaf, capacity).reshape(-1) for leaf in leaves])
+
+
+def _unpack(words, rows: int, templates: list, capacity: int) -> list:
+    """`_pack`'s leaves back (`capacity` rows each packed), `rows` rows
+    each, shaped and typed as `templates`."""
+    import numpy as np
+
+    leaves, offset = [], 1
+    for template in templates:
+        width = -(-int(np.prod(template.shape[1:], dtype=np.int64)) * template.dtype.itemsize // 4)
+        block = words[offset : offset + capacity * width].reshape(capacity, width)
+        leaves.append(_from_words(block[:rows], template))
+        offset += capacity * width
+    return leaves
 
 
 def _as_words(leaf, rows: int):
@@ -236,9 +270,9 @@ _worker_streams = threading.local()
 @contextlib.contextmanager
 def worker_streams(empties: dict) -> Iterator[None]:
     """While `fit`/`evaluate`/`predict` runs: for each step kind ("train",
-    "test", "predict") named in `empties`, its empty batch if each worker
-    reads its own stream of that kind's input, or None if every worker
-    reads the same global batches. Kinds not named keep the outer call's
+    "test", "predict") named in `empties`, `(empty batch, most rows a
+    step)` if each worker reads its own stream of that kind's input, or
+    None if every worker reads the same global batches. Kinds not named keep the outer call's
     setting (fit's validation runs through `evaluate`)."""
     previous = getattr(_worker_streams, "empties", {})
     _worker_streams.empties = {**previous, **empties}
@@ -248,8 +282,8 @@ def worker_streams(empties: dict) -> Iterator[None]:
         _worker_streams.empties = previous
 
 
-def worker_stream_empty(kind: str) -> Any:
-    """The empty batch of `kind`'s per-worker stream, or None."""
+def worker_stream(kind: str) -> Optional[tuple]:
+    """`(empty batch, most rows a step)` of `kind`'s per-worker stream, or None."""
     return getattr(_worker_streams, "empties", {}).get(kind)
 
 

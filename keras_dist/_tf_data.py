@@ -96,6 +96,18 @@ def worker_dataset(dataset: Any, num_workers: int, worker_index: int, num_replic
     return pieces.filter(lambda *_: True)  # unknown cardinality
 
 
+def max_step_rows(dataset: Any, num_workers: int, num_replicas: int) -> Optional[int]:
+    """The most rows a worker's step can hold (its replicas' pieces of a
+    global batch, each at most ceil(B / replicas) rows), or None where tf
+    cannot read the global batch size B from the pipeline."""
+    from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
+
+    batch_size = int(tf_data_distribute.compute_batch_size(dataset))
+    if batch_size == -1:
+        return None
+    return -(-batch_size // num_replicas) * (num_replicas // num_workers)
+
+
 def empty_batch(element_spec: Any) -> Any:
     """A batch of 0 rows with `element_spec`'s structure, dtypes and inner
     shapes (NumPy): what a worker whose stream has ended contributes."""

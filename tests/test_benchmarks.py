@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import BACKEND
 
 NATIVE = {"jax": "data_parallel", "tensorflow": "tf_mirrored"}
@@ -54,6 +56,29 @@ def test_quick_weak_scaling_run(tmp_path):
     if BACKEND == "jax":  # one core per worker: gloo's busy event loop yields it
         assert row["gloo_event_loops_idle"] and all(row["gloo_event_loops_idle"])
     assert f"| {BACKEND} |" in (tmp_path / "WEAK_SCALING.quick.md").read_text()
+
+
+@pytest.mark.needs_tensorflow
+def test_quick_per_worker_input_run(tmp_path):
+    """The per-worker tf.data input benchmark: one 2-worker job timing DATA,
+    FILE and OFF input and plain Keras, side by side."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, "benchmarks/per_worker_input.py", "--quick", "--backends", BACKEND, "--output", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results" / "per_worker_input.quick.json").read_text())
+    by_input = {row["input"]: row for row in rows}
+    assert set(by_input) == {"DATA", "FILE", "OFF", "plain Keras, one device"}
+    assert all(row["step_s"] > 0 for row in rows)
+    # FILE: every example once (4 global batches); OFF: every worker every file
+    assert by_input["FILE"]["steps_per_epoch"] == by_input["DATA"]["steps_per_epoch"] == 4
+    assert by_input["OFF"]["steps_per_epoch"] == 8
+    assert f"| {BACKEND} | FILE |" in (tmp_path / "PER_WORKER_INPUT.quick.md").read_text()
 
 
 def test_a_failed_run_is_reported_by_its_reason():

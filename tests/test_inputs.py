@@ -233,12 +233,15 @@ def test_worker_batches_carry_every_dtype_exactly_and_end_together():
         "f16": rng.normal(size=(5, 7)).astype("float16"),
     }
     empty = {key: value[:0] for key, value in batch.items()}
-    combined = combine_worker_batches(batch, empty)
-    for key, value in batch.items():
-        assert combined[key].dtype == value.dtype and combined[key].shape == value.shape
-        assert combined[key].tobytes() == value.tobytes(), key
-    assert combine_worker_batches(None, empty) is None
-    assert [len(b["b"]) for b in WorkerBatches(iter([batch, batch]), empty)] == [5, 5]
+    for max_rows in (None, 5, 8):  # counts first, or counts and rows in one gather
+        combined = combine_worker_batches(batch, empty, max_rows)
+        for key, value in batch.items():
+            assert combined[key].dtype == value.dtype and combined[key].shape == value.shape
+            assert combined[key].tobytes() == value.tobytes(), key
+        assert combine_worker_batches(None, empty, max_rows) is None
+        assert [len(b["b"]) for b in WorkerBatches(iter([batch, batch]), empty, max_rows)] == [5, 5]
+    with pytest.raises(RuntimeError, match="more than the 4"):
+        combine_worker_batches(batch, empty, 4)
 
 
 @pytest.mark.needs_tensorflow
@@ -250,7 +253,7 @@ def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
     workers; OFF leaves every worker every row."""
     import tensorflow as tf
 
-    from keras_dist._tf_data import worker_dataset
+    from keras_dist._tf_data import max_step_rows, worker_dataset
 
     names = []
     for start in (0, 100):  # two files of 7 rows
@@ -264,6 +267,7 @@ def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
     lines = files.interleave(tf.data.TextLineDataset, cycle_length=1)
     dataset = lines.map(lambda line: tf.strings.to_number(line, tf.int64)).batch(4).with_options(options)
     streams = [[b.tolist() for b in worker_dataset(dataset, 2, w, 4).as_numpy_iterator()] for w in range(2)]
+    assert max_step_rows(dataset, 2, 4) == 2 == max(len(b) for s in streams for b in s)
     if policy == "OFF":  # every worker every row, 2 of each 4 per step
         assert streams[0] == streams[1] == [[0, 1], [2, 3], [4, 5], [6, 100], [101, 102], [103, 104], [105, 106]]
     else:

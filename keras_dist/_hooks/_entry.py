@@ -161,8 +161,9 @@ def _per_worker_streams(name, signature, strategy, model, args, kwargs):
     whose steps' rows are combined over the job (`WorkerBatches`).
 
     Returns the call's arguments with those datasets replaced by this
-    worker's streams, and, per step kind given input, the empty batch of
-    its stream (None: every worker reads the same global batches)."""
+    worker's streams, and, per step kind given input, its stream's empty
+    batch and most rows a step (None: every worker reads the same global
+    batches)."""
     extended = strategy.extended
     bound = signature.bind(model, *args, **kwargs)
     empties = {}
@@ -181,8 +182,9 @@ def _per_worker_streams(name, signature, strategy, model, args, kwargs):
                 "in order. Predict with AutoShardPolicy.AUTO or DATA (every worker "
                 "returns all rows), or call predict on a model outside the strategy."
             )
-        stream = _tf_data.worker_dataset(value, extended.num_workers, extended.worker_index, strategy.num_replicas_in_sync)
-        empties[kind] = _tf_data.empty_batch(stream.element_spec)
+        replicas = strategy.num_replicas_in_sync
+        stream = _tf_data.worker_dataset(value, extended.num_workers, extended.worker_index, replicas)
+        empties[kind] = (_tf_data.empty_batch(stream.element_spec), _tf_data.max_step_rows(value, extended.num_workers, replicas))
         bound.arguments[argument] = stream
     return bound.args[1:], bound.kwargs, empties
 

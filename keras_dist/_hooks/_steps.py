@@ -52,11 +52,11 @@ def _combining_worker_streams(function, kind: str):
         return function
 
     def call(*args):
-        empty = _input.worker_stream_empty(kind)
-        if empty is None:
+        stream = _input.worker_stream(kind)
+        if stream is None:
             return function(*args)
         *rest, iterator = args
-        return function(*rest, _input.WorkerBatches(iterator, empty))
+        return function(*rest, _input.WorkerBatches(iterator, *stream))
 
     return call
 

@@ -256,6 +256,25 @@ def _apply_first_inside_run(mirrored):
     return model.get_weights()
 
 
+def _probe_sharded_trainable(mirrored, tmp_path):
+    """A variable split over the ps tasks (tf's ShardedVariable, as a
+    ParameterServerStrategy's partitioner makes it) trains as its shards:
+    a tape takes their gradients (a tape cannot watch the whole)."""
+    import tensorflow as tf
+
+    from keras_dist.backends.tensorflow._parameter_servers import _KerasShardedVariable
+
+    layer = keras.layers.Dense(2)
+    layer.build((None, 6))
+    kernel = layer.kernel.numpy()
+    layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
+    with tf.GradientTape() as tape:
+        loss = keras.ops.sum(layer(np.ones((4, 6), "float32")) ** 2)
+    weights = layer.trainable_weights
+    gradients = tape.gradient(loss, weights)
+    return [[tuple(w.shape) for w in weights], [tuple(v.shape) for v in layer.trainable_variables], gradients]
+
+
 def _probe_symbolic_build(mirrored, tmp_path):
     """A built model's second fit reads its PyDataset as often as plain Keras."""
     return _dataset_reads(mirrored(2))
@@ -355,6 +374,7 @@ PROBES = {
     "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values": _probe_metrics_in_run,
     "keras.src.metrics.metrics_utils:update_confusion_matrix_variables": _probe_metrics_in_run,
     f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
+    **{f"keras.src.layers.layer:Layer.{n}": _probe_sharded_trainable for n in ("trainable_weights", "trainable_variables")},
 }
 
 

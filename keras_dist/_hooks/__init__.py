@@ -12,7 +12,8 @@ scope), `_files` (checkpoints, chief-only files), `_losses` (loss scaling,
 BatchNorm moments), `_steps` (the distributed steps, from the backend
 adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
-`_variables` (variables agree across workers), `_ps_fit` (fit under
+`_variables` (variables agree across workers; a variable split over the ps
+tasks is trained as its shards), `_ps_fit` (fit under
 ParameterServerStrategy, entered from `_entry`'s fit). Nothing here imports jax or tensorflow.
 
 Hooks:
@@ -108,6 +109,15 @@ HOOKS: tuple = (
         _variables.wrap_distribute_tensor,
         _JAX,
         purpose="multi-process: values placed on the mesh are the chief's",
+    ),
+    *(
+        Hook(
+            f"keras.src.layers.layer:Layer.{name}",
+            _variables.wrap_trainable_variables,
+            _TF,
+            purpose="parameter servers: a variable split over the ps tasks is trained as its shards",
+        )
+        for name in ("trainable_weights", "trainable_variables")
     ),
     # the distributed steps
     *(

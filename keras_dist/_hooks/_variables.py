@@ -20,3 +20,28 @@ def wrap_distribute_tensor(original):
         return original(tensor, layout)
 
     return distribute_tensor
+
+
+class HookedProperty(property):
+    """A property a hook puts in place of Keras' (a subclass, so that the
+    hook machinery can note the original on it)."""
+
+
+def wrap_trainable_variables(original):
+    """`Layer.trainable_weights` / `trainable_variables`: a variable the
+    engine stores split over the ps tasks (TensorFlow: tf's ShardedVariable
+    under a ParameterServerStrategy's `variable_partitioner`) is listed as
+    its parts, one Keras variable per shard: gradient tapes and optimizers
+    work on those (tf.keras 2 listed the shards likewise). Every other
+    variable, and every model without one, as Keras lists them."""
+    getter = original.fget
+
+    def trainable(self):
+        adapter = get_adapter()
+        listed = []
+        for variable in getter(self):
+            parts = adapter.variable_parts(variable)
+            listed.extend(parts if parts else (variable,))
+        return listed
+
+    return HookedProperty(trainable, doc=original.__doc__)

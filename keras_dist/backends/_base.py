@@ -220,6 +220,15 @@ class BackendAdapter(abc.ABC):
         workers need no server process raise NotImplementedError, naming
         what to do instead."""
 
+    @abc.abstractmethod
+    def variable_parts(self, variable: Any) -> Optional[list]:
+        """The Keras variables trainers and optimizers see for `variable`
+        where the engine stores it split over the ps tasks (TensorFlow: tf's
+        `ShardedVariable` under a `variable_partitioner`): one per shard,
+        the same objects on every call; None for a variable stored whole.
+        Layers compute with `variable` (all its rows); gradients and
+        updates go to the parts."""
+
     # -- measurement -------------------------------------------------------
 
     @abc.abstractmethod

@@ -15,6 +15,11 @@ MODE:
 - "bad-inputs": fit's bad inputs, each error, and that nothing changed.
 - "ps-dies": a loop during which ps 0 is killed; reports the error and the
   seconds it took.
+- "sharded-loop" / "sharded-fit": "loop" / a short fit under
+  `FixedShardsPartitioner(2)`: variables split over the ps tasks; reports
+  where each shard lives, the weights' shapes, and (sharded-loop, 1
+  worker) the difference from one device and a save/load round trip into
+  an unsharded model.
 """
 
 import json
@@ -49,8 +54,17 @@ def make_model():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1, activation="sigmoid")])
 
 
-strategy = keras_dist.ParameterServerStrategy(keras_dist.cluster_resolver.TFConfigClusterResolver())
+partitioner = keras_dist.experimental.partitioners.FixedShardsPartitioner(2) if mode.startswith("sharded") else None
+strategy = keras_dist.ParameterServerStrategy(
+    keras_dist.cluster_resolver.TFConfigClusterResolver(), variable_partitioner=partitioner
+)
 report["repr"] = repr(strategy)
+
+
+def placement(variable):
+    """The device of a variable's value, or its shards' devices (a list)."""
+    shards = getattr(variable.value, "variables", None)  # tf's ShardedVariable
+    return [shard.device for shard in shards] if shards is not None else variable.value.device
 
 
 def custom_loop(n):
@@ -60,7 +74,7 @@ def custom_loop(n):
         optimizer = keras.optimizers.SGD(0.05)
         optimizer.build(model.trainable_variables)
         counter = keras.Variable(0.0, name="counter", trainable=False)
-    report["devices"] = {v.path: v.value.device for v in [*model.variables, *optimizer.variables, counter]}
+    report["devices"] = {v.path: placement(v) for v in [*model.variables, *optimizer.variables, counter]}
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     @tf.function
@@ -130,6 +144,30 @@ elif mode == "fit":
     reference = make_model()
     reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
     reference.fit(dataset_fn(), epochs=4, steps_per_epoch=steps, verbose=0)
+    report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+elif mode == "sharded-loop":
+    model = custom_loop(steps)
+    report["shapes"] = [list(w.shape) for w in model.get_weights()]
+    report["trainable_shapes"] = [list(v.shape) for v in model.trainable_variables]
+    if strategy.extended.num_remote_workers == 1:
+        reference = single_device_weights(steps)
+        report["max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference))
+        path = out + ".weights.h5"
+        model.save_weights(path)
+        plain = make_model()
+        plain.load_weights(path)
+        report["reloaded_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(plain.get_weights(), model.get_weights()))
+elif mode == "sharded-fit":
+    with strategy.scope():
+        model = make_model()
+        model.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
+    report["devices"] = {v.path: placement(v) for v in model.variables}
+    model.fit(keras_dist.experimental.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=steps, verbose=0)
+    report["iterations"] = int(model.optimizer.iterations.numpy())
+    report["evaluate"] = model.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
+    reference = make_model()
+    reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
+    reference.fit(dataset_fn(), epochs=3, steps_per_epoch=steps, verbose=0)
     report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
 elif mode == "bad-inputs":
     with strategy.scope():

@@ -761,6 +761,12 @@ def create_coordinator(strategy) -> Cluster:
     return cluster
 
 
+def variable_parts(variable):
+    """None: the JAX engine's ps split a variable's rows themselves (Ray
+    actors), and the coordinator's Keras variable stays whole."""
+    return None
+
+
 def schedule(coordinator: Cluster, fn, args, kwargs):
     return coordinator.schedule(fn, args, kwargs)
 

@@ -55,6 +55,7 @@ class TensorFlowAdapter(BackendAdapter):
     done = staticmethod(_parameter_servers.done)
     create_per_worker_dataset = staticmethod(_parameter_servers.create_per_worker_dataset)
     create_server = staticmethod(_parameter_servers.create_server)
+    variable_parts = staticmethod(_parameter_servers.variable_parts)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
     # the backend library's own objects

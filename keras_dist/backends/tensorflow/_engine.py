@@ -3,6 +3,8 @@ one process-wide MultiWorkerMirroredStrategy per job, and device lists."""
 
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 import os
 
@@ -460,8 +462,18 @@ def multi_worker_engine():
 
 
 def scope(engine):
-    """Variables created inside are tf.distribute's, placed by `engine`."""
-    return engine.scope()
+    """Variables created inside are tf.distribute's, placed by `engine`
+    (and passed through its `variable_creator`, where it has one)."""
+    creator = getattr(engine, "variable_creator", None)
+    if creator is None:
+        return engine.scope()
+    return _scope_with_creator(engine, creator)
+
+
+@contextlib.contextmanager
+def _scope_with_creator(engine, creator):
+    with engine.scope(), tf.variable_creator_scope(creator):
+        yield
 
 
 def values_from_chief(values):

@@ -9,9 +9,12 @@ servers, with what Keras 3 breaks fixed.
   reading v before either writes lose one increment (`iterations` counted 47
   of 60 scheduled steps with 2 workers). `assign_delta` applies them as tf's
   own `AssignAddVariableOp` on the ps, which holds the variable's lock.
-- Keras 3 variables cannot hold tf's `ShardedVariable` (gradient tapes watch
-  a variable's one handle), so a partitioner that would split a variable
-  raises, naming the variable (`_keep_whole`).
+- A partitioner that splits a variable makes tf's `ShardedVariable`, one
+  shard per ps. The Keras variable holds it (layers compute with all its
+  rows), but a gradient tape watches one handle per variable, so trainers
+  and optimizers see one Keras variable per shard instead
+  (`variable_parts`, through the hook on `Layer.trainable_weights`), as
+  tf.keras 2 listed the shards in `trainable_weights`.
 - Input stays as the caller gives it: `fit` schedules on per-worker datasets
   (`create_per_worker_dataset`), and `evaluate`/`predict` run inline on the
   coordinator (as tf.keras 2 did without `pss_evaluation_shards`).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import re
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute import sharded_variable
@@ -34,33 +38,44 @@ from keras_dist import _heartbeat as heartbeat
 class _KerasParameterServerStrategy(tf.distribute.ParameterServerStrategy):
     """tf's ParameterServerStrategy whose `experimental_distribute_dataset`
     (Keras' evaluate/predict, inline on the coordinator) leaves the dataset
-    as it is, as keras_dist's other engines do."""
+    as it is, as keras_dist's other engines do; variables it splits come
+    out readable by NumPy (`variable_creator`, entered with its scope)."""
 
     def experimental_distribute_dataset(self, dataset, options=None):
         return dataset
 
+    @staticmethod
+    def variable_creator(next_creator, **kwargs):
+        value = next_creator(**kwargs)
+        if type(value) is sharded_variable.ShardedVariable:
+            value = _KerasShardedVariable(value.variables, kwargs.get("trainable", True), name=value.name)
+        return value
 
-def _keep_whole(partitioner):
-    """tf calls the partitioner with (shape, dtype); more than one shard
-    would make a ShardedVariable, which a Keras 3 variable cannot hold."""
-    if partitioner is None:
-        return None
 
-    def partition(shape, dtype):
-        partitions = list(partitioner(shape, dtype))
-        if partitions and partitions[0] > 1 and shape.rank and shape[0] > 1:
-            raise NotImplementedError(
-                f"variable_partitioner={partitioner!r} splits a variable of shape "
-                f"{list(shape.as_list())} into {min(partitions[0], shape[0])} shards "
-                "over the ps tasks; on the TensorFlow backend tf makes that a "
-                "ShardedVariable, which a Keras 3 variable cannot hold (gradient "
-                "tapes watch one variable handle). Use variable_partitioner=None: "
-                "each variable then lives whole on one ps, placed round-robin "
-                "over the ps tasks."
-            )
-        return partitions
+class _KerasShardedVariable(sharded_variable.ShardedVariable):
+    """tf's ShardedVariable as a Keras variable holds it: `np.asarray` reads
+    it whole (Keras reads a variable so to save it), and `keras_parts`, one
+    Keras variable per shard, made with it (a variable made later could be
+    in a stateless scope, where Keras refuses to make one)."""
 
-    return partition
+    def __init__(self, variables, trainable, name):
+        super().__init__(variables, name=name)
+        import keras
+
+        base = name.split("/")[-1].split(":")[0]
+        self.keras_parts = [
+            keras.Variable(shard, trainable=trainable, name=f"{base}_part_{index}")
+            for index, shard in enumerate(variables)
+        ]
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(tf.convert_to_tensor(self).numpy(), dtype=dtype)
+
+
+def variable_parts(variable):
+    """The Keras variables, one per shard, of a Keras variable holding a
+    ShardedVariable of this engine's (made with it); None otherwise."""
+    return getattr(getattr(variable, "_value", None), "keras_parts", None)
 
 
 def create_engine(extended):
@@ -71,7 +86,7 @@ def create_engine(extended):
         tf.train.ClusterSpec(jobs), task_type="chief", task_id=0, rpc_layer="grpc"
     )
     engine = _KerasParameterServerStrategy(
-        resolver, variable_partitioner=_keep_whole(extended.variable_partitioner)
+        resolver, variable_partitioner=extended.variable_partitioner
     )
     # evaluate/predict run inline on the coordinator: no warning per call
     engine.extended._allow_run_without_coordinator = True

@@ -201,21 +201,18 @@ def combine_worker_batches(batch: Any, empty: Any, max_rows: Optional[int] = Non
     leaves = [np.asarray(leaf) for leaf in keras.tree.flatten(structure)]
     templates = [np.asarray(leaf) for leaf in keras.tree.flatten(empty)]
     rows = 0 if batch is None or not leaves else int(leaves[0].shape[0])
-    if max_rows is not None:
-        if rows > max_rows:
-            raise RuntimeError(f"A worker's batch has {rows} rows, more than the {max_rows} its stream can hold.")
-        packed = adapter.values_from_every_worker([_pack(rows, leaves, max_rows)])[0]
-        counts = [int(c) for c in packed[:, 0]]
-    else:
+    capacity = max_rows
+    if capacity is None:  # no bound: the counts first, to size the buffer
         (counts,) = adapter.values_from_every_worker([np.array(rows, np.int32)])
-        counts = [int(c) for c in np.reshape(counts, -1)]
-        packed = None
+        capacity = int(np.max(counts))
+        if capacity == 0:
+            return None
+    elif rows > capacity:
+        raise RuntimeError(f"A worker's batch has {rows} rows, more than the {capacity} its stream can hold.")
+    packed = adapter.values_from_every_worker([_pack(rows, leaves, capacity)])[0]
+    counts = [int(c) for c in packed[:, 0]]
     if max(counts) == 0:
         return None
-    capacity = max_rows
-    if packed is None:
-        capacity = max(counts)
-        packed = adapter.values_from_every_worker([_pack(rows, leaves, capacity)])[0]
     per_worker = [_unpack(words, n, templates, capacity) for words, n in zip(packed, counts)]
     combined = [np.concatenate(parts) for parts in zip(*per_worker)]
     return keras.tree.pack_sequence_as(empty, combined)

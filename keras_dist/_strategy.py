@@ -346,9 +346,9 @@ class Strategy:
             # AutoShardPolicy FILE, OFF or HINT: each worker reads its own
             # stream; a step's global batch is every worker's rows
             _check_host_input_options("experimental_distribute_dataset", options)
-            stream = _tf_data.worker_dataset(dataset, extended.num_workers, extended.worker_index, self.num_replicas_in_sync)
-            empty = _tf_data.empty_batch(stream.element_spec)
-            max_rows = _tf_data.max_step_rows(dataset, extended.num_workers, self.num_replicas_in_sync)
+            stream, empty, max_rows = _tf_data.worker_stream(
+                dataset, extended.num_workers, extended.worker_index, self.num_replicas_in_sync
+            )
             return DistributedDataset(
                 lambda: WorkerBatches(adapter.iterate_batches(stream), empty, max_rows),
                 lambda batch: adapter.split_global_batch(engine, batch),

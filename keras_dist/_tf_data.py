@@ -57,6 +57,25 @@ def reads_per_worker(dataset: Any, num_workers: int) -> bool:
     return num_workers > 1 and auto_shard_policy(dataset) in WORKER_POLICIES
 
 
+def worker_stream(dataset: Any, num_workers: int, worker_index: int, num_replicas: int) -> tuple:
+    """`(stream, empty, max_rows)` for this worker: `worker_dataset`, its
+    `empty_batch`, and the most rows a step of it holds (its replicas'
+    pieces of a global batch, each at most ceil(B / replicas) rows; None
+    where tf cannot read the global batch size B from the pipeline)."""
+    batch_size = _global_batch_size(dataset)
+    stream = _worker_dataset(dataset, num_workers, worker_index, num_replicas, batch_size)
+    max_rows = None if batch_size is None else -(-batch_size // num_replicas) * (num_replicas // num_workers)
+    return stream, empty_batch(stream.element_spec), max_rows
+
+
+def _global_batch_size(dataset: Any) -> Optional[int]:
+    """The global batch size tf reads from the pipeline, or None."""
+    from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
+
+    batch_size = int(tf_data_distribute.compute_batch_size(dataset))
+    return None if batch_size == -1 else batch_size
+
+
 def worker_dataset(dataset: Any, num_workers: int, worker_index: int, num_replicas: int) -> Any:
     """This worker's stream of a dataset of global batches, one element a
     step: tf.distribute's per-worker pipeline (rebatch into one piece per
@@ -66,6 +85,10 @@ def worker_dataset(dataset: Any, num_workers: int, worker_index: int, num_replic
     Its cardinality is left unknown: workers may hold different numbers of
     steps (FILE), and the job's steps end together (`WorkerBatches`).
     """
+    return _worker_dataset(dataset, num_workers, worker_index, num_replicas, _global_batch_size(dataset))
+
+
+def _worker_dataset(dataset, num_workers, worker_index, num_replicas, batch_size):
     import tensorflow as tf
     from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
     from tensorflow.python.distribute import input_ops
@@ -73,8 +96,7 @@ def worker_dataset(dataset: Any, num_workers: int, worker_index: int, num_replic
     if num_replicas % num_workers:
         raise ValueError(f"{num_replicas} replicas do not divide over {num_workers} workers.")
     per_worker = num_replicas // num_workers
-    batch_size = int(tf_data_distribute.compute_batch_size(dataset))
-    if batch_size != -1:  # as tf.distribute: tf's own split of a global batch
+    if batch_size is not None:  # as tf.distribute: tf's own split of a global batch
         sizes = tf_data_distribute.batch_sizes_for_worker(batch_size, num_workers, per_worker, worker_index)
         pieces = dataset.rebatch(sizes)
     else:  # tf cannot read the batch size from the pipeline: tf's legacy split
@@ -94,18 +116,6 @@ def worker_dataset(dataset: Any, num_workers: int, worker_index: int, num_replic
 
         pieces = pieces.ragged_batch(per_worker).map(step)
     return pieces.filter(lambda *_: True)  # unknown cardinality
-
-
-def max_step_rows(dataset: Any, num_workers: int, num_replicas: int) -> Optional[int]:
-    """The most rows a worker's step can hold (its replicas' pieces of a
-    global batch, each at most ceil(B / replicas) rows), or None where tf
-    cannot read the global batch size B from the pipeline."""
-    from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
-
-    batch_size = int(tf_data_distribute.compute_batch_size(dataset))
-    if batch_size == -1:
-        return None
-    return -(-batch_size // num_replicas) * (num_replicas // num_workers)
 
 
 def empty_batch(element_spec: Any) -> Any:

@@ -253,7 +253,7 @@ def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
     workers; OFF leaves every worker every row."""
     import tensorflow as tf
 
-    from keras_dist._tf_data import max_step_rows, worker_dataset
+    from keras_dist._tf_data import worker_dataset, worker_stream
 
     names = []
     for start in (0, 100):  # two files of 7 rows
@@ -267,7 +267,7 @@ def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
     lines = files.interleave(tf.data.TextLineDataset, cycle_length=1)
     dataset = lines.map(lambda line: tf.strings.to_number(line, tf.int64)).batch(4).with_options(options)
     streams = [[b.tolist() for b in worker_dataset(dataset, 2, w, 4).as_numpy_iterator()] for w in range(2)]
-    assert max_step_rows(dataset, 2, 4) == 2 == max(len(b) for s in streams for b in s)
+    assert worker_stream(dataset, 2, 0, 4)[2] == 2 == max(len(b) for s in streams for b in s)
     if policy == "OFF":  # every worker every row, 2 of each 4 per step
         assert streams[0] == streams[1] == [[0, 1], [2, 3], [4, 5], [6, 100], [101, 102], [103, 104], [105, 106]]
     else:

@@ -10,11 +10,10 @@ import inspect
 
 import keras
 
-from keras_dist import _context
+from keras_dist import _context, _tf_data
 from keras_dist._communication import PeerWorkerError
 from keras_dist._hooks import _files, _optimizers, _ps_fit
 from keras_dist._hooks._patching import model_strategy, remember_strategy
-from keras_dist import _tf_data
 from keras_dist._input import check_batched, worker_streams
 from keras_dist._split import validate_batch_size
 from keras_dist.backends import get_adapter
@@ -182,9 +181,10 @@ def _per_worker_streams(name, signature, strategy, model, args, kwargs):
                 "in order. Predict with AutoShardPolicy.AUTO or DATA (every worker "
                 "returns all rows), or call predict on a model outside the strategy."
             )
-        replicas = strategy.num_replicas_in_sync
-        stream = _tf_data.worker_dataset(value, extended.num_workers, extended.worker_index, replicas)
-        empties[kind] = (_tf_data.empty_batch(stream.element_spec), _tf_data.max_step_rows(value, extended.num_workers, replicas))
+        stream, empty, max_rows = _tf_data.worker_stream(
+            value, extended.num_workers, extended.worker_index, strategy.num_replicas_in_sync
+        )
+        empties[kind] = (empty, max_rows)
         bound.arguments[argument] = stream
     return bound.args[1:], bound.kwargs, empties
 

@@ -120,6 +120,7 @@ bench: install
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/weak_scaling.py
 	$(PY) benchmarks/per_worker_input.py
+	$(PY) benchmarks/parameter_server.py
 
 clean:
 	rm -rf $(VENV) $(VENV_JAX) $(VENV_TF) $(KERAS_MIN_DIR) $(TEST_LOGS) build *.egg-info

@@ -97,3 +97,22 @@ def test_a_failed_run_is_reported_by_its_reason():
     traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad input\n'
     assert run.error_line(traceback) == "ValueError: bad input"
     assert run.error_line("") == "failed"
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="times tf's ClusterCoordinator (the TensorFlow engine)")
+def test_quick_parameter_server_run(tmp_path):
+    """The exactly-once cost benchmark: one 2-worker 2-ps job timing the same
+    step through keras_dist's coordinator and tf's own, every step counted."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run(
+        [sys.executable, "benchmarks/parameter_server.py", "--quick", "--output", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results" / "parameter_server.quick.json").read_text())
+    assert {row["path"] for row in rows} == {"keras_dist (exactly once)", "tf ClusterCoordinator (at least once)"}
+    assert all(row["step_s"] > 0 and row["counted"] == row["scheduled"] for row in rows), rows
+    assert "| keras_dist (exactly once) |" in (tmp_path / "PARAMETER_SERVER.quick.md").read_text()

@@ -275,6 +275,24 @@ def _probe_sharded_trainable(mirrored, tmp_path):
     return [[tuple(w.shape) for w in weights], [tuple(v.shape) for v in layer.trainable_variables], gradients]
 
 
+def _probe_assign_on_ps(mirrored, tmp_path, monkeypatch):
+    """A ps variable written with `assign` by a scheduled function that runs
+    twice under one id (a re-run after its worker died) is written once
+    (the local CPU stands in for the ps: the gate works on any device)."""
+    import tensorflow as tf
+
+    from keras_dist.backends.tensorflow import _exactly_once, _parameter_servers
+
+    monkeypatch.setattr(_parameter_servers, "is_engine_variable", lambda value: True)
+    variable = keras.Variable(1.0)
+    gates = _exactly_once.ClosureGates()
+    step = gates.closure_function(lambda: variable.assign(variable * 3.0))
+    for _ in range(2):
+        step(tf.constant(7, tf.int64))
+    gates.forget()
+    return [float(variable.numpy()), gates.skipped_writes]  # [3.0, 1]; Keras' own: [9.0, 0]
+
+
 def _probe_symbolic_build(mirrored, tmp_path):
     """A built model's second fit reads its PyDataset as often as plain Keras."""
     return _dataset_reads(mirrored(2))
@@ -371,6 +389,7 @@ PROBES = {
     **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
     **{f"keras.src.backend.common.variables:Variable.{n}": _assign_delta_probe(n) for n in ("assign_add", "assign_sub")},
+    "keras.src.backend.common.variables:Variable.assign": _probe_assign_on_ps,
     "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values": _probe_metrics_in_run,
     "keras.src.metrics.metrics_utils:update_confusion_matrix_variables": _probe_metrics_in_run,
     f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
@@ -391,7 +410,7 @@ def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, r
     if BACKEND == "jax":
         request.getfixturevalue("per_replica_step")
     probe = PROBES[target]
-    extra = (monkeypatch,) if probe in (_probe_save, _probe_values_from_chief) else ()
+    extra = (monkeypatch,) if probe in (_probe_save, _probe_values_from_chief, _probe_assign_on_ps) else ()
     live = _outcome(probe, mirrored, tmp_path / "live", *extra)
     owner, name = _hooks.resolve(target)
     monkeypatch.setattr(owner, name, _hooks.ORIGINALS[target])

@@ -92,6 +92,12 @@ HOOKS: tuple = (
         for name, sign in (("assign_add", 1), ("assign_sub", -1))
     ),
     Hook(
+        "keras.src.backend.common.variables:Variable.assign",
+        _run_variables.wrap_assign,
+        _TF,
+        purpose="a ps variable written in a scheduled function: once, even when re-run",
+    ),
+    Hook(
         "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values",
         _metrics.wrap_reduce_to_samplewise_values,
         _JAX,
@@ -134,7 +140,7 @@ HOOKS: tuple = (
     Hook(
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
         _steps.wrap_optimizer_apply,
-        purpose="refuse cross-replica context; TF: build slots outside replicas in run()",
+        purpose="refuse cross-replica context; TF: build slots outside replicas in run(); a ps update in a scheduled function: once",
     ),
     Hook(
         f"{_TF_TRAINER}._maybe_symbolic_build",

@@ -7,6 +7,10 @@ Keras 3 does exactly that: 4 replicas adding 1 to 10 gave 44, not 14).
 Inside `run` the adapter applies the increment with tf's semantics
 (`BackendAdapter.assign_delta_in_replica`); everywhere else Keras' own
 method runs unchanged.
+
+On a parameter server, inside a function the coordinator scheduled, a
+write (`assign` too) is applied once even when the function runs again
+after its worker died (`BackendAdapter.assign_on_ps`).
 """
 
 from __future__ import annotations
@@ -25,3 +29,14 @@ def wrap_assign_delta(sign: int):
         return assign_delta
 
     return make
+
+
+def wrap_assign(original):
+    """Wrapper for `Variable.assign`: a ps variable written in a scheduled
+    function, once; elsewhere Keras' own."""
+
+    def assign(self, value):
+        new = get_adapter().assign_on_ps(self, value)
+        return original(self, value) if new is None else new
+
+    return assign

@@ -115,7 +115,9 @@ def wrap_optimizer_apply(original):
                 self.built = True
 
             get_adapter().build_outside_replicas(build)
-        return original(self, grads, trainable_variables)
+        return get_adapter().apply_optimizer(
+            self, trainable_variables, lambda: original(self, grads, trainable_variables)
+        )
 
     return apply
 

@@ -160,8 +160,9 @@ class BackendAdapter(abc.ABC):
     def assign_delta_in_replica(self, variable: Any, value: Any, sign: int) -> Any:
         """Inside `run`: `variable.assign_add(value)` (sign 1) or
         `assign_sub` (-1) with tf.distribute's aggregation of the increment
-        across replicas; returns the new value. None outside `run` (Keras'
-        own method then runs)."""
+        across replicas; returns the new value. A variable on a parameter
+        server: the engine's atomic increment (in a scheduled function,
+        applied once). None elsewhere (Keras' own method then runs)."""
 
     @abc.abstractmethod
     def sum_gradients_over_replicas(self, values: list) -> list:
@@ -219,6 +220,20 @@ class BackendAdapter(abc.ABC):
         `start()`, `join()` (blocks for ever) and `target`. Engines whose
         workers need no server process raise NotImplementedError, naming
         what to do instead."""
+
+    @abc.abstractmethod
+    def assign_on_ps(self, variable: Any, value: Any) -> Any:
+        """`variable.assign(value)` of a variable on a parameter server,
+        written by a function the coordinator scheduled: applied once even
+        when the function runs again after its worker died; returns the new
+        value. None elsewhere (Keras' own `assign` then runs)."""
+
+    @abc.abstractmethod
+    def apply_optimizer(self, optimizer: Any, trainable_variables: Any, apply: Callable[[], Any]) -> Any:
+        """Runs `apply()` (Keras' `optimizer.apply` of these variables).
+        Where the engine's optimizer updates need it (TensorFlow, in a
+        scheduled function: applied once even when the function runs again),
+        around it; otherwise just `apply()`."""
 
     @abc.abstractmethod
     def variable_parts(self, variable: Any) -> Optional[list]:

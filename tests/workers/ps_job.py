@@ -10,8 +10,12 @@ MODE:
 - "fit": model.fit with a DatasetCreator and a plain dataset function,
   validation, evaluate and predict, ModelCheckpoint/BackupAndRestore/
   TensorBoard on the coordinator; reports accuracy next to single-device fit.
+- "adam-loop": "loop" with Adam under a learning-rate schedule (both read
+  `iterations`) and BatchNormalization (its statistics written by assign).
+- "replay": "loop" with every function scheduled twice under one id (the
+  two runs race on the two workers); reports the writes skipped.
 - "kill": a loop during which worker 1's server process is killed (found
-  by its port) with steps in flight; reports iterations.
+  by its port) with steps in flight; reports iterations and the counter.
 - "bad-inputs": fit's bad inputs, each error, and that nothing changed.
 - "ps-dies": a loop during which ps 0 is killed; reports the error and the
   seconds it took.
@@ -51,7 +55,18 @@ def dataset_fn(input_context=None):
 
 def make_model():
     keras.utils.set_random_seed(1)
+    if mode == "adam-loop":  # BatchNorm's statistics are written with assign
+        return keras.Sequential([
+            keras.Input((8,)), keras.layers.Dense(16, use_bias=False), keras.layers.BatchNormalization(),
+            keras.layers.Activation("tanh"), keras.layers.Dense(1, activation="sigmoid"),
+        ])
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1, activation="sigmoid")])
+
+
+def make_optimizer():
+    if mode == "adam-loop":  # bias correction and the schedule read iterations
+        return keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.02, 10, 0.5))
+    return keras.optimizers.SGD(0.05)
 
 
 partitioner = keras_dist.experimental.partitioners.FixedShardsPartitioner(2) if mode.startswith("sharded") else None
@@ -71,7 +86,7 @@ def custom_loop(n):
     coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         model = make_model()
-        optimizer = keras.optimizers.SGD(0.05)
+        optimizer = make_optimizer()
         optimizer.build(model.trainable_variables)
         counter = keras.Variable(0.0, name="counter", trainable=False)
     report["devices"] = {v.path: placement(v) for v in [*model.variables, *optimizer.variables, counter]}
@@ -82,7 +97,7 @@ def custom_loop(n):
         def replica(batch):
             x, y = batch
             with tf.GradientTape() as tape:
-                loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
+                loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x, training=True)))
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply(grads, model.trainable_variables)
             counter.assign_add(1.0)
@@ -91,8 +106,17 @@ def custom_loop(n):
         return strategy.run(replica, args=(next(iterator),))
 
     start = time.monotonic()
+    gates = coordinator._engine._keras_dist_gates
+    if mode == "replay":
+        # every function scheduled twice under one id: the two runs race on
+        # the two workers, as a re-run races a dead worker's late writes
+        ids = iter([i // 2 for i in range(2 * n)])
+        gates.next_id = lambda: tf.constant(next(ids), tf.int64)
+        n = 2 * n
     results = [coordinator.schedule(step, args=(iterator,)) for _ in range(n)]
     coordinator.join()
+    report["skipped_writes"] = gates.skipped_writes
+    report["claimed_after_join"] = gates.claimed()
     report["seconds"] = time.monotonic() - start
     report["done"] = coordinator.done()
     report["losses"] = [float(r.fetch()) for r in results[-3:]]
@@ -103,18 +127,18 @@ def custom_loop(n):
 
 def single_device_weights(n):
     model = make_model()
-    optimizer = keras.optimizers.SGD(0.05)
+    optimizer = make_optimizer()
     batches = iter(dataset_fn())
     for _ in range(n):
         x, y = next(batches)
         with tf.GradientTape() as tape:
-            loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
+            loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x, training=True)))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
     return [np.asarray(w) for w in model.get_weights()]
 
 
-if mode == "loop":
+if mode in ("loop", "adam-loop", "replay"):
     model = custom_loop(steps)
     if strategy.extended.num_remote_workers == 1:
         reference = single_device_weights(steps)
@@ -211,6 +235,7 @@ elif mode in ("kill", "ps-dies"):
         model = make_model()
         optimizer = keras.optimizers.SGD(0.05)
         optimizer.build(model.trainable_variables)
+        counter = keras.Variable(0.0, name="counter", trainable=False)
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     @tf.function
@@ -220,6 +245,7 @@ elif mode in ("kill", "ps-dies"):
             with tf.GradientTape() as tape:
                 loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
             optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            counter.assign_add(1.0)
             return loss
 
         return strategy.run(replica, args=(next(iterator),))
@@ -242,6 +268,8 @@ elif mode in ("kill", "ps-dies"):
                 killed_at = time.monotonic()
         coordinator.join()
         report["iterations"] = int(optimizer.iterations.numpy())
+        report["counter"] = float(counter.numpy())
+        report["skipped_writes"] = coordinator._engine._keras_dist_gates.skipped_writes
     except Exception as error:  # noqa: BLE001 - reported
         report["error"] = f"{type(error).__name__}: {error}"[:2000]
         report["error_seconds"] = time.monotonic() - killed_at

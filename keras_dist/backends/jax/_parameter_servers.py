@@ -767,6 +767,18 @@ def variable_parts(variable):
     return None
 
 
+def assign_on_ps(variable, value):
+    """None: on JAX a worker's writes are pushed to the ps actors with a
+    key each (applied once there), not written through Keras' assign."""
+    return None
+
+
+def apply_optimizer(optimizer, trainable_variables, apply):
+    """`apply()`: on JAX a worker's `apply_gradients` is a keyed push to the
+    ps actors (applied once there)."""
+    return apply()
+
+
 def schedule(coordinator: Cluster, fn, args, kwargs):
     return coordinator.schedule(fn, args, kwargs)
 

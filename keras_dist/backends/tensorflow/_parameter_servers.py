@@ -15,6 +15,10 @@ servers, with what Keras 3 breaks fixed.
   and optimizers see one Keras variable per shard instead
   (`variable_parts`, through the hook on `Layer.trainable_weights`), as
   tf.keras 2 listed the shards in `trainable_weights`.
+- Exactly once: tf's coordinator re-runs the function of a worker that
+  died, so a function whose writes had reached the ps ran them twice
+  (at-least-once). Every write a scheduled function makes to a ps variable
+  goes through a gate keyed by the function's id (`_exactly_once`).
 - Input stays as the caller gives it: `fit` schedules on per-worker datasets
   (`create_per_worker_dataset`), and `evaluate`/`predict` run inline on the
   coordinator (as tf.keras 2 did without `pss_evaluation_shards`).
@@ -33,6 +37,7 @@ from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_c
 from tensorflow.python.distribute.coordinator import values as tf_coordinator_values
 
 from keras_dist import _heartbeat as heartbeat
+from keras_dist.backends.tensorflow import _exactly_once
 
 
 class _KerasParameterServerStrategy(tf.distribute.ParameterServerStrategy):
@@ -90,6 +95,8 @@ def create_engine(extended):
     )
     # evaluate/predict run inline on the coordinator: no warning per call
     engine.extended._allow_run_without_coordinator = True
+    # optimizer updates (tf's extended.update) in a scheduled function: once
+    engine.extended._update = _exactly_once.gated_update(engine.extended._update)
     return engine
 
 
@@ -101,18 +108,55 @@ def is_engine_variable(value) -> bool:
 
 
 def assign_delta(variable, value, sign):
-    """tf's atomic assign_add/assign_sub for a variable on a ps; None
-    (Keras' own method runs) for any other."""
+    """tf's atomic assign_add/assign_sub for a variable on a ps (in a
+    scheduled function: once, in a gate); None (Keras' own method runs)
+    for any other, and for an optimizer's own variable in its
+    `SnapshotScope` (the scope keeps the write)."""
     target = getattr(variable, "_value", None)
     if target is None or not is_engine_variable(target):
         return None
+    snapshot_scope = _exactly_once.current_snapshot_scope()
+    if snapshot_scope is not None and snapshot_scope.holds(variable):
+        return None
+    kind = "assign_add" if sign > 0 else "assign_sub"
+    if _exactly_once.in_closure():
+        return _exactly_once.assign(target, value, kind)
     value = tf.cast(tf.convert_to_tensor(value), target.dtype)
-    return target.assign_add(value) if sign > 0 else target.assign_sub(value)
+    return getattr(target, kind)(value)
+
+
+def assign_on_ps(variable, value):
+    """`variable.assign(value)` of a ps variable in a scheduled function:
+    once, in a gate. None elsewhere (Keras' own assign runs), and in any
+    stateless scope (it keeps the write)."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    target = getattr(variable, "_value", None)
+    if not _exactly_once.in_closure() or in_stateless_scope() or target is None:
+        return None
+    if not is_engine_variable(target) or isinstance(target, sharded_variable.ShardedVariable):
+        return None
+    return _exactly_once.assign(target, value, "assign")
+
+
+def apply_optimizer(optimizer, trainable_variables, apply):
+    """Keras' `optimizer.apply` (`apply()`), in a scheduled function with
+    its own variables read once and its writes gated; elsewhere as is."""
+    if not _exactly_once.in_closure():
+        return apply()
+    import keras
+
+    own = [optimizer._iterations, getattr(optimizer, "_learning_rate", None)]
+    own = [v for v in own if isinstance(v, keras.Variable) and is_engine_variable(v._value)]
+    return _exactly_once.apply_optimizer(optimizer, trainable_variables, own, apply)
 
 
 def create_coordinator(strategy):
     engine = strategy.extended.engine
-    return tf.distribute.experimental.coordinator.ClusterCoordinator(engine)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(engine)
+    if not hasattr(coordinator, "_keras_dist_gates"):  # tf: one per strategy
+        coordinator._keras_dist_gates = _exactly_once.ClosureGates()
+    return coordinator
 
 
 def _engine_argument(value):
@@ -149,26 +193,14 @@ def _explain_ps_failure():
 
 
 def schedule(coordinator, fn, args, kwargs):
+    """tf's `schedule` of `fn` traced with its writes gated, its id first."""
     heartbeat.beat()
-    if not isinstance(fn, tf.types.experimental.PolymorphicFunction):
-        fn = _traced(fn)
-    args = tuple(_engine_argument(a) for a in args)
+    gates = coordinator._keras_dist_gates
+    function = gates.closure_function(fn)
+    args = (gates.next_id(), *(_engine_argument(a) for a in args))
     kwargs = {k: _engine_argument(v) for k, v in kwargs.items()}
     with _explain_ps_failure():
-        return coordinator.schedule(fn, args=args, kwargs=kwargs)
-
-
-#: python function -> its tf.function (tf's coordinator runs tf.functions only)
-_traced_functions: dict = {}
-
-
-def _traced(fn):
-    key = id(fn)
-    entry = _traced_functions.get(key)
-    if entry is None or entry[0] is not fn:
-        entry = (fn, tf.function(fn))
-        _traced_functions[key] = entry
-    return entry[1]
+        return coordinator.schedule(function, args=args, kwargs=kwargs)
 
 
 def fetch(coordinator, remote_value):
@@ -181,6 +213,8 @@ def join(coordinator):
     heartbeat.beat()
     with _explain_ps_failure():
         coordinator.join()
+    # nothing in flight: no function can run again, its keys can go
+    coordinator._keras_dist_gates.forget()
 
 
 def done(coordinator):

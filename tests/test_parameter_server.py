@@ -133,6 +133,16 @@ def test_a_function_run_twice_applies_each_write_once(tmp_path):
 
 
 @tf_engine
+def test_fit_with_several_steps_per_function_applies_every_step(tmp_path):
+    """steps_per_execution=4: each scheduled function loops over 4 train
+    steps; each step's writes are numbered apart (a write inside the loop
+    is one traced op run 4 times), so all 16 steps apply, as on one device."""
+    report = _job(tmp_path, 1, 1, "fit-loop-inside", 16)
+    assert report["iterations"] == 16, report
+    assert report["max_diff"] < 1e-5, report
+
+
+@tf_engine
 def test_adam_schedule_and_batchnorm_one_worker_match_single_device(tmp_path):
     """Adam's bias correction and a learning-rate schedule read iterations
     (read once per step, before the gated updates); BatchNormalization
@@ -162,6 +172,7 @@ def test_bad_inputs_raise_one_clear_error_each_before_any_change(tmp_path):
     assert errors["train_on_batch"].startswith("NotImplementedError")
     assert "created outside any strategy scope" in errors["model made outside the scope"]
     assert "created outside the scope" in errors["metric made outside the scope"]
+    assert errors["jit_compile function"].startswith("ValueError: ClusterCoordinator.schedule got a tf.function(jit_compile=True)")
     assert report["unchanged"] and report["iterations"] == 0
 
 

@@ -12,6 +12,8 @@ MODE:
   TensorBoard on the coordinator; reports accuracy next to single-device fit.
 - "adam-loop": "loop" with Adam under a learning-rate schedule (both read
   `iterations`) and BatchNormalization (its statistics written by assign).
+- "fit-loop-inside": 1-worker fit with steps_per_execution=4 (a loop
+  inside each scheduled function) against one device.
 - "replay": "loop" with every function scheduled twice under one id (the
   two runs race on the two workers); reports the writes skipped.
 - "kill": a loop during which worker 1's server process is killed (found
@@ -169,6 +171,18 @@ elif mode == "fit":
     reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
     reference.fit(dataset_fn(), epochs=4, steps_per_epoch=steps, verbose=0)
     report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+elif mode == "fit-loop-inside":
+    # steps_per_execution 4: each scheduled function runs 4 train steps in a
+    # tf.while_loop, its writes numbered per run (not per traced op)
+    with strategy.scope():
+        model = make_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", steps_per_execution=4)
+    model.fit(dataset_fn, epochs=1, steps_per_epoch=steps, verbose=0)
+    report["iterations"] = int(model.optimizer.iterations.numpy())
+    reference = make_model()
+    reference.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy")
+    reference.fit(dataset_fn(), epochs=1, steps_per_epoch=steps, verbose=0)
+    report["max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference.get_weights()))
 elif mode == "sharded-loop":
     model = custom_loop(steps)
     report["shapes"] = [list(w.shape) for w in model.get_weights()]
@@ -216,6 +230,9 @@ elif mode == "bad-inputs":
         "model made outside the scope": lambda: _in_scope(lambda: outside.fit(dataset_fn, steps_per_epoch=2)),
         "metric made outside the scope": lambda: model.compile(
             optimizer="sgd", loss="binary_crossentropy", metrics=[outside_metric]
+        ),
+        "jit_compile function": lambda: keras_dist.coordinator.ClusterCoordinator(strategy).schedule(
+            tf.function(lambda: model.optimizer.iterations.assign_add(1), jit_compile=True)
         ),
     }
     for name, call in cases.items():

@@ -217,7 +217,8 @@ def gated_update(original: Callable) -> Callable:
         def write():
             # tf.distribute runs this in the tracing thread, not the replica
             # thread that entered the optimizer's SnapshotScope: enter it here
-            with distribute_lib.UpdateContext(var.device), _entered(snapshot_scope):
+            entered = contextlib.nullcontext() if snapshot_scope is None else _as_stateless_scope(snapshot_scope)
+            with distribute_lib.UpdateContext(var.device), entered:
                 fn(var, *args, **kwargs)
 
         applied = once(var.device, write)
@@ -243,9 +244,10 @@ class SnapshotScope(keras_stateless.StatelessScope):
     to its variable (through its own gate)."""
 
     def __init__(self, variables: list):
-        self.snapshots = [(v, tf.identity(v.value)) for v in variables]
-        super().__init__(state_mapping=self.snapshots, initialize_variables=False)
-        self._mapped = {id(v) for v, _ in self.snapshots}
+        super().__init__(state_mapping=[(v, tf.identity(v.value)) for v in variables], initialize_variables=False)
+        # the values as the scope holds them (what its reads return)
+        self.snapshots = [(v, self.state_mapping[id(v)]) for v in variables]
+        self._mapped = {id(v) for v in variables}
 
     def holds(self, variable) -> bool:
         return id(variable) in self._mapped
@@ -255,8 +257,7 @@ class SnapshotScope(keras_stateless.StatelessScope):
         if id(variable) in self._mapped:
             super().add_update(update)
         else:  # a write of a variable not snapshotted: written now
-            original_scope = keras_stateless.get_stateless_scope()
-            with _outside(original_scope):
+            with _as_stateless_scope(self.original_scope):
                 variable.assign(value)
 
     def apply_writes(self) -> None:
@@ -267,23 +268,13 @@ class SnapshotScope(keras_stateless.StatelessScope):
 
 
 @contextlib.contextmanager
-def _outside(scope):
-    from keras.src.backend.common import global_state
-
-    global_state.set_global_attribute("stateless_scope", scope.original_scope)
-    try:
-        yield
-    finally:
-        global_state.set_global_attribute("stateless_scope", scope)
-
-
-@contextlib.contextmanager
-def _entered(scope):
-    """`scope` as Keras' stateless scope of this thread, unless it is already."""
+def _as_stateless_scope(scope):
+    """`scope` (None: none) as Keras' stateless scope of this thread for the
+    block; the one before it after."""
     from keras.src.backend.common import global_state
 
     previous = keras_stateless.get_stateless_scope()
-    if scope is None or previous is scope:
+    if previous is scope:
         yield
         return
     global_state.set_global_attribute("stateless_scope", scope)

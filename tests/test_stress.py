@@ -6,6 +6,10 @@ Adam, uneven and partial batches) and a single-process MirroredStrategy(4)
 hogs load the machine; every run's weights are hashed and all hashes must
 be equal. The single-device reference is hashed the same way first, so a
 difference would be pinned on the right side.
+
+On JAX, 4 simulated devices are also pushed hard under heavier load, to show
+XLA's CPU client never deadlocks with the threads `simulate_cpu_devices`
+gives it.
 """
 
 import os
@@ -25,12 +29,11 @@ RUNS = int(os.environ.get("KERAS_DIST_STRESS_RUNS", "10"))
 _HASH = re.compile(r"weights sha256(?: \(mirrored\))?: ([0-9a-f]{16})")
 
 
-@pytest.fixture
-def cpu_hogs():
-    """A busy process beside the runs (load about 3 on 2 cores, as the
-    reported failures had), stopped and reaped after."""
+def _start_hogs(count):
+    """`count` busy processes beside the runs, stopped and reaped after."""
     hogs = [
         subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1800\nwhile time.time() < end: pass"])
+        for _ in range(count)
     ]
     time.sleep(1)
     try:
@@ -39,6 +42,19 @@ def cpu_hogs():
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=30)
+
+
+@pytest.fixture
+def cpu_hogs():
+    """Load about 3 on 2 cores, as the reported failures had."""
+    yield from _start_hogs(1)
+
+
+@pytest.fixture
+def heavy_cpu_hogs():
+    """Load about 6 on 2 cores: `make test`'s two suites side by side, at
+    their busiest (the XLA pool deadlock showed there)."""
+    yield from _start_hogs(4)
 
 
 def _env():
@@ -70,3 +86,18 @@ def test_multi_worker_example_is_bitwise_reproducible_under_load(cpu_hogs):
     hashes = _hashes(command, RUNS)
     assert all(len(h) == 1 for h in hashes), hashes  # the chief prints it
     assert len({h[0] for h in hashes}) == 1, hashes
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's CPU client is JAX's engine")
+def test_simulated_devices_never_deadlock_xla_under_load(heavy_cpu_hogs):
+    """4 simulated devices under heavy load, pushed as `fit` pushes them
+    (`tests/workers/xla_cpu_pool.py`): with XLA's own pool sizing (4
+    threads here) this deadlocked in 3 of 3 runs; with the threads
+    `simulate_cpu_devices` gives XLA, every run finishes."""
+    env = {k: v for k, v in _env().items() if k != "NPROC"}  # this process's, set by conftest's call
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "tests/workers/xla_cpu_pool.py", "2000"],
+            env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )
+        assert done.returncode == 0 and "done" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

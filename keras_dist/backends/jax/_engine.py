@@ -63,13 +63,44 @@ def global_devices() -> tuple[str, ...]:
     return tuple(_canonical(d) for d in jax.devices())
 
 
+#: XLA's CPU client sizes its two thread pools from this variable when it is
+#: set (else from the host's cores); see `cpu_client_threads`.
+_XLA_CPU_THREADS_ENV = "NPROC"
+
+
+def cpu_client_threads(count: int) -> int:
+    """Threads XLA's CPU client needs to run `count` simulated devices
+    without deadlocking.
+
+    XLA sizes its launch and intra-op pools max(cores, devices). A
+    multi-device launch holds one launch-pool thread per device while it
+    waits for that device's in-flight slot (32 per device), and the
+    slots are freed only by computations that also need that pool. So with
+    threads == devices (4 devices on 2 cores) a collective can run on two
+    devices while its other two halves wait forever behind blocked launches:
+    XLA aborts after 40 s ("Termination timeout for all reduce ...").
+    `tests/workers/xla_cpu_pool.py` reproduces it under CPU load. Four
+    threads a device leave room for one blocked launch and one running
+    collective per dispatching thread, twice over.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(cores, 4 * count)
+
+
 def simulate_cpu_devices(count: int) -> None:
     """Splits the host CPU into `count` JAX devices.
 
     Must run before JAX starts its backend (before any array is created).
+    Also gives XLA's CPU client the threads `count` devices need
+    (`cpu_client_threads`), unless ``NPROC`` is already set.
     """
     try:
         jax.config.update("jax_num_cpu_devices", int(count))
+        if count > 1 and not os.environ.get(_XLA_CPU_THREADS_ENV):
+            os.environ[_XLA_CPU_THREADS_ENV] = str(cpu_client_threads(count))
     except RuntimeError as error:
         current = len(jax.devices("cpu"))
         if current == count:

@@ -245,16 +245,18 @@ class SnapshotScope(keras_stateless.StatelessScope):
 
     def __init__(self, variables: list):
         super().__init__(state_mapping=[(v, tf.identity(v.value)) for v in variables], initialize_variables=False)
-        # the values as the scope holds them (what its reads return)
+        # the values as the scope holds them (what its reads return), kept
+        # as they were: `add_update` replaces them in `state_mapping`
         self.snapshots = [(v, self.state_mapping[id(v)]) for v in variables]
-        self._mapped = {id(v) for v in variables}
 
     def holds(self, variable) -> bool:
-        return id(variable) in self._mapped
+        # only the snapshotted variables are ever in the mapping: every other
+        # write goes to its variable (`add_update`)
+        return id(variable) in self.state_mapping
 
     def add_update(self, update) -> None:
         variable, value = update
-        if id(variable) in self._mapped:
+        if self.holds(variable):
             super().add_update(update)
         else:  # a write of a variable not snapshotted: written now
             with _as_stateless_scope(self.original_scope):

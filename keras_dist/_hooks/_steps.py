@@ -100,6 +100,12 @@ def _check_replica_context(optimizer) -> None:
 def wrap_optimizer_apply(original):
     def apply(self, grads, trainable_variables=None):
         _check_replica_context(self)
+
+        def build():  # what Keras' apply does first when unbuilt
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+            self.built = True
+
         context = _context.replica_context()
         if (
             context is not None
@@ -107,16 +113,10 @@ def wrap_optimizer_apply(original):
             and trainable_variables is not None
             and context.num_replicas_in_sync > 1
         ):
-            variables = list(trainable_variables)
-
-            def build():
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
-                self.built = True
-
             get_adapter().build_outside_replicas(build)
+        unbuilt = not self.built and trainable_variables is not None
         return get_adapter().apply_optimizer(
-            self, trainable_variables, lambda: original(self, grads, trainable_variables)
+            self, build if unbuilt else None, lambda: original(self, grads, trainable_variables)
         )
 
     return apply

@@ -229,11 +229,13 @@ class BackendAdapter(abc.ABC):
         value. None elsewhere (Keras' own `assign` then runs)."""
 
     @abc.abstractmethod
-    def apply_optimizer(self, optimizer: Any, trainable_variables: Any, apply: Callable[[], Any]) -> Any:
-        """Runs `apply()` (Keras' `optimizer.apply` of these variables).
-        Where the engine's optimizer updates need it (TensorFlow, in a
-        scheduled function: applied once even when the function runs again),
-        around it; otherwise just `apply()`."""
+    def apply_optimizer(self, optimizer: Any, build: Optional[Callable[[], None]], apply: Callable[[], Any]) -> Any:
+        """Runs `apply()` (Keras' `optimizer.apply`). Where the engine's
+        optimizer updates need it (TensorFlow, in a scheduled function:
+        applied once even when the function runs again), around it;
+        otherwise just `apply()`. `build`: builds the still unbuilt optimizer
+        as Keras' `apply` would (None when built), for an engine that must
+        build it before `apply()` runs."""
 
     @abc.abstractmethod
     def variable_parts(self, variable: Any) -> Optional[list]:

@@ -773,9 +773,9 @@ def assign_on_ps(variable, value):
     return None
 
 
-def apply_optimizer(optimizer, trainable_variables, apply):
-    """`apply()`: on JAX a worker's `apply_gradients` is a keyed push to the
-    ps actors (applied once there)."""
+def apply_optimizer(optimizer, build, apply):
+    """`apply()` (which builds the optimizer itself): on JAX a worker's
+    `apply_gradients` is a keyed push to the ps actors (applied once there)."""
     return apply()
 
 

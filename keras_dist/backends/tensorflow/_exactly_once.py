@@ -291,17 +291,14 @@ def current_snapshot_scope() -> Optional[SnapshotScope]:
     return scope if isinstance(scope, SnapshotScope) else None
 
 
-def apply_optimizer(optimizer, trainable_variables, own: list, apply: Callable[[], Any]) -> Any:
-    """`optimizer.apply` inside a scheduled function: built first (Keras
-    cannot make its slots in a stateless scope), then run under a
-    `SnapshotScope` of `own` (its variables on a ps that the updates read:
-    `iterations`, the learning rate), whose writes follow."""
-    import keras
-
-    if not optimizer.built and trainable_variables is not None:
-        with keras.name_scope(optimizer.name, caller=optimizer):
-            optimizer.build(list(trainable_variables))
-        optimizer.built = True
+def apply_optimizer(own: list, build: Optional[Callable[[], None]], apply: Callable[[], Any]) -> Any:
+    """`optimizer.apply` (`apply()`) inside a scheduled function: built
+    first if `build` is given (Keras cannot make its slots in a stateless
+    scope), then run under a `SnapshotScope` of `own` (its variables on a
+    ps that the updates read: `iterations`, the learning rate), whose
+    writes follow."""
+    if build is not None:
+        build()
     closure = _current()
     with SnapshotScope(own) as scope:
         closure.snapshot_scope = scope

@@ -139,16 +139,17 @@ def assign_on_ps(variable, value):
     return _exactly_once.assign(target, value, "assign")
 
 
-def apply_optimizer(optimizer, trainable_variables, apply):
+def apply_optimizer(optimizer, build, apply):
     """Keras' `optimizer.apply` (`apply()`), in a scheduled function with
-    its own variables read once and its writes gated; elsewhere as is."""
+    its own variables read once and its writes gated; elsewhere as is
+    (`apply()` builds the optimizer itself there)."""
     if not _exactly_once.in_closure():
         return apply()
     import keras
 
     own = [optimizer._iterations, getattr(optimizer, "_learning_rate", None)]
     own = [v for v in own if isinstance(v, keras.Variable) and is_engine_variable(v._value)]
-    return _exactly_once.apply_optimizer(optimizer, trainable_variables, own, apply)
+    return _exactly_once.apply_optimizer(own, build, apply)
 
 
 def create_coordinator(strategy):

@@ -16,16 +16,20 @@ from conftest import BACKEND
 NATIVE = {"jax": "data_parallel", "tensorflow": "tf_mirrored"}
 
 
-def test_quick_benchmark_run(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def _run_quick(script, output, *options, timeout=300):
+    """`benchmarks/<script> --quick ... --output <output>`, which must succeed."""
     done = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--quick", "--backends", BACKEND, "--output", str(tmp_path)],
+        [sys.executable, f"benchmarks/{script}", "--quick", *options, "--output", str(output)],
         capture_output=True,
         text=True,
-        timeout=600,
-        env=env,
+        timeout=timeout,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_quick_benchmark_run(tmp_path):
+    _run_quick("run.py", tmp_path, "--backends", BACKEND, timeout=600)
     report = json.loads((tmp_path / "results" / "quick.json").read_text())
     rows = {(r["impl"], r["devices"]): r for r in report["rows"]}
     expected = {("keras", 1), ("one_device", 1), ("mirrored", 1), ("mirrored", 2), (NATIVE[BACKEND], 2)}
@@ -41,15 +45,7 @@ def test_quick_benchmark_run(tmp_path):
 
 def test_quick_weak_scaling_run(tmp_path):
     """P3's harness: a one-worker and a two-worker job, each pinned to a core."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run(
-        [sys.executable, "benchmarks/weak_scaling.py", "--quick", "--backends", BACKEND, "--output", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _run_quick("weak_scaling.py", tmp_path, "--backends", BACKEND)
     (row,) = json.loads((tmp_path / "results" / "weak_scaling.quick.json").read_text())
     assert row["backend"] == BACKEND
     assert row["one_worker_samples_per_second"] > 0 and row["two_workers_samples_per_second"] > 0
@@ -62,15 +58,7 @@ def test_quick_weak_scaling_run(tmp_path):
 def test_quick_per_worker_input_run(tmp_path):
     """The per-worker tf.data input benchmark: one 2-worker job timing DATA,
     FILE and OFF input and plain Keras, side by side."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run(
-        [sys.executable, "benchmarks/per_worker_input.py", "--quick", "--backends", BACKEND, "--output", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _run_quick("per_worker_input.py", tmp_path, "--backends", BACKEND)
     rows = json.loads((tmp_path / "results" / "per_worker_input.quick.json").read_text())
     by_input = {row["input"]: row for row in rows}
     assert set(by_input) == {"DATA", "FILE", "OFF", "plain Keras, one device"}
@@ -103,15 +91,7 @@ def test_a_failed_run_is_reported_by_its_reason():
 def test_quick_parameter_server_run(tmp_path):
     """The exactly-once cost benchmark: one 2-worker 2-ps job timing the same
     step through keras_dist's coordinator and tf's own, every step counted."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run(
-        [sys.executable, "benchmarks/parameter_server.py", "--quick", "--output", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    _run_quick("parameter_server.py", tmp_path)
     rows = json.loads((tmp_path / "results" / "parameter_server.quick.json").read_text())
     assert {row["path"] for row in rows} == {"keras_dist (exactly once)", "tf ClusterCoordinator (at least once)"}
     assert all(row["step_s"] > 0 and row["counted"] == row["scheduled"] for row in rows), rows

@@ -24,12 +24,14 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_dist  # noqa: E402
 from _helpers import make_data, max_weight_diff, twin  # noqa: E402
+from _report import write_atomically  # noqa: E402
 
 CASES = {
     "even-2000-64": (2000, 64, False),
@@ -106,7 +108,7 @@ def main() -> int:
                 print(json.dumps(result), flush=True)
                 results.append(result)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        write_atomically(args.json, json.dumps(results, indent=1))
     return 0 if all(r["ok"] for r in results) else 1
 
 

@@ -23,6 +23,9 @@ import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _report import write_report  # noqa: E402
 
 
 def run_job(width: int, steps: int, rounds: int, workers: int = 2, ps: int = 2) -> dict:
@@ -61,27 +64,26 @@ def main(argv=None):
                 "width": width, "parameters": report["parameters"], "path": path, "step_s": step_s,
                 "vs_tf": step_s / native, "scheduled": report["scheduled"], "counted": report["counted"],
             })
-    suffix = ".quick" if args.quick else ""
-    (args.output / "results").mkdir(parents=True, exist_ok=True)
-    (args.output / "results" / f"parameter_server{suffix}.json").write_text(json.dumps(rows, indent=2))
-    lines = [
-        "# Parameter servers on TensorFlow: exactly-once writes vs tf's coordinator",
-        "",
-        "MLP 64-W-W-10, batch 64 per step, SGD; 2 workers + 2 ps (local processes on",
-        f"this machine); {args.steps} scheduled steps per round, {args.rounds} rounds alternating the",
-        "two paths, median seconds per step (scheduling to join). Both paths run the",
-        "same tf.function. Written by `benchmarks/parameter_server.py`.",
-        "",
-        "| W | parameters | path | step (ms) | vs tf | steps counted / scheduled |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['width']} | {row['parameters']} | {row['path']} | {1000 * row['step_s']:.2f} | "
-            f"{row['vs_tf']:.2f}x | {row['counted']} / {row['scheduled']} |"
-        )
-    (args.output / f"PARAMETER_SERVER{suffix}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(
+        args.output, "parameter_server", rows,
+        intro=[
+            "# Parameter servers on TensorFlow: exactly-once writes vs tf's coordinator",
+            "",
+            "MLP 64-W-W-10, batch 64 per step, SGD; 2 workers + 2 ps (local processes on",
+            f"this machine); {args.steps} scheduled steps per round, {args.rounds} rounds alternating the",
+            "two paths, median seconds per step (scheduling to join). Both paths run the",
+            "same tf.function. Written by `benchmarks/parameter_server.py`.",
+        ],
+        columns=[
+            ("W", lambda r: f"{r['width']}"),
+            ("parameters", lambda r: f"{r['parameters']}"),
+            ("path", lambda r: r["path"]),
+            ("step (ms)", lambda r: f"{1000 * r['step_s']:.2f}"),
+            ("vs tf", lambda r: f"{r['vs_tf']:.2f}x"),
+            ("steps counted / scheduled", lambda r: f"{r['counted']} / {r['scheduled']}"),
+        ],
+        quick=args.quick,
+    )
     return 0
 
 

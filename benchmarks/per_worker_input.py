@@ -27,6 +27,7 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _report import write_report  # noqa: E402
 from weak_scaling import run_job  # noqa: E402
 
 
@@ -73,29 +74,28 @@ def main(argv=None):
                 "step_s": anchor, "steps_per_epoch": result["plain_keras"]["steps_per_epoch"],
                 "vs_data": anchor / data, "vs_plain_keras": 1.0,
             })
-    suffix = ".quick" if args.quick else ""
-    (args.output / "results").mkdir(parents=True, exist_ok=True)
-    (args.output / "results" / f"per_worker_input{suffix}.json").write_text(json.dumps(rows, indent=2))
-    lines = [
-        "# Per-worker tf.data input: 2 workers, one device each",
-        "",
-        f"MLP 64-256-256-10, global batch {args.batch}, {args.steps} global batches of data in 8",
-        "CSV files. Step time after a compiling epoch (median over epochs), both",
-        "workers pinned to their own core; plain Keras on one device in the same",
-        "processes. FILE and OFF steps all-gather the workers' rows; OFF reads",
-        "every file on every worker (twice the steps). Written by",
-        "`benchmarks/per_worker_input.py`.",
-        "",
-        "| backend | input | step (ms) | steps/epoch | vs DATA | vs plain Keras |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['backend']} | {row['input']} | {1000 * row['step_s']:.2f} | {row['steps_per_epoch']} | "
-            f"{row['vs_data']:.2f}x | {row['vs_plain_keras']:.2f}x |"
-        )
-    (args.output / f"PER_WORKER_INPUT{suffix}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(
+        args.output, "per_worker_input", rows,
+        intro=[
+            "# Per-worker tf.data input: 2 workers, one device each",
+            "",
+            f"MLP 64-256-256-10, global batch {args.batch}, {args.steps} global batches of data in 8",
+            "CSV files. Step time after a compiling epoch (median over epochs), both",
+            "workers pinned to their own core; plain Keras on one device in the same",
+            "processes. FILE and OFF steps all-gather the workers' rows; OFF reads",
+            "every file on every worker (twice the steps). Written by",
+            "`benchmarks/per_worker_input.py`.",
+        ],
+        columns=[
+            ("backend", lambda r: r["backend"]),
+            ("input", lambda r: r["input"]),
+            ("step (ms)", lambda r: f"{1000 * r['step_s']:.2f}"),
+            ("steps/epoch", lambda r: f"{r['steps_per_epoch']}"),
+            ("vs DATA", lambda r: f"{r['vs_data']:.2f}x"),
+            ("vs plain Keras", lambda r: f"{r['vs_plain_keras']:.2f}x"),
+        ],
+        quick=args.quick,
+    )
     return 0
 
 

@@ -29,6 +29,9 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from _report import write_atomically  # noqa: E402
 
 #: (impl, device counts) per backend; "keras" is the single-device anchor.
 IMPLEMENTATIONS = {
@@ -147,7 +150,7 @@ def write_markdown(rows, results, meta, path):
             "Simulated devices share the same cores, so more replicas cannot be faster here than one device; "
             "the ratios compare keras-dist's overhead against the native anchors measured in the same run.",
         ]
-    path.write_text("\n".join(lines) + "\n")
+    write_atomically(path, "\n".join(lines) + "\n")
 
 
 def write_plot(rows, path):
@@ -227,12 +230,7 @@ def main(argv=None):
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
     name = "quick" if args.quick else stamp
-    for path, text in [
-        (results_dir / f"{name}.json", json.dumps({"meta": meta, "rows": rows, "raw": results}, indent=1)),
-    ]:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    write_atomically(results_dir / f"{name}.json", json.dumps({"meta": meta, "rows": rows, "raw": results}, indent=1))
     markdown = args.output / ("RESULTS.quick.md" if args.quick else "RESULTS.md")
     write_markdown(rows, results, meta, markdown)
     plotted = write_plot(rows, results_dir / ("step_time.quick.png" if args.quick else "step_time.png"))

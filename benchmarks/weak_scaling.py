@@ -25,7 +25,9 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
+from _report import write_report  # noqa: E402
 from keras_dist.launch import free_ports  # noqa: E402
 
 
@@ -93,27 +95,24 @@ def main(argv=None):
             "rounds": args.rounds,
             "gloo_event_loops_idle": idle,
         })
-    suffix = ".quick" if args.quick else ""
-    (args.output / "results").mkdir(parents=True, exist_ok=True)
-    (args.output / "results" / f"weak_scaling{suffix}.json").write_text(json.dumps(rows, indent=2))
-    lines = [
-        "# Weak scaling (P3): MultiWorkerMirroredStrategy, 1 vs 2 workers",
-        "",
-        f"MLP 784-512-512-10, {args.batch} rows per worker, each worker one process pinned to",
-        f"its own core with one device; median of {args.rounds} interleaved rounds. Target:",
-        "efficiency = two-worker throughput / (2 x one-worker throughput) >= 0.9.",
-        "Written by `benchmarks/weak_scaling.py`.",
-        "",
-        "| backend | 1 worker (samples/s) | 2 workers (samples/s) | efficiency |",
-        "|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['backend']} | {row['one_worker_samples_per_second']:.0f} | "
-            f"{row['two_workers_samples_per_second']:.0f} | {row['efficiency']:.2f} |"
-        )
-    (args.output / f"WEAK_SCALING{suffix}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(
+        args.output, "weak_scaling", rows,
+        intro=[
+            "# Weak scaling (P3): MultiWorkerMirroredStrategy, 1 vs 2 workers",
+            "",
+            f"MLP 784-512-512-10, {args.batch} rows per worker, each worker one process pinned to",
+            f"its own core with one device; median of {args.rounds} interleaved rounds. Target:",
+            "efficiency = two-worker throughput / (2 x one-worker throughput) >= 0.9.",
+            "Written by `benchmarks/weak_scaling.py`.",
+        ],
+        columns=[
+            ("backend", lambda r: r["backend"]),
+            ("1 worker (samples/s)", lambda r: f"{r['one_worker_samples_per_second']:.0f}"),
+            ("2 workers (samples/s)", lambda r: f"{r['two_workers_samples_per_second']:.0f}"),
+            ("efficiency", lambda r: f"{r['efficiency']:.2f}"),
+        ],
+        quick=args.quick,
+    )
     return 0
 
 

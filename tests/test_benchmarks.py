@@ -87,6 +87,28 @@ def test_a_failed_run_is_reported_by_its_reason():
     assert run.error_line("") == "failed"
 
 
+def test_a_report_is_written_whole_or_not_at_all(tmp_path):
+    """Every benchmark writes its JSON rows and markdown table through
+    `_report.write_report`: both texts are made before either file is
+    touched, and each file is replaced by a rename."""
+    sys.path.insert(0, "benchmarks")
+    try:
+        import _report
+    finally:
+        sys.path.remove("benchmarks")
+    columns = [("name", lambda r: r["name"]), ("ratio", lambda r: f"{r['ratio']:.2f}x")]
+    _report.write_report(tmp_path, "demo", [{"name": "a", "ratio": 0.5}], ["# Demo", "text"], columns, quick=True)
+    markdown = tmp_path / "DEMO.quick.md"
+    rows = tmp_path / "results" / "demo.quick.json"
+    assert markdown.read_text() == "# Demo\ntext\n\n| name | ratio |\n|---|---|\n| a | 0.50x |\n"
+    assert json.loads(rows.read_text()) == [{"name": "a", "ratio": 0.5}]
+    before = (markdown.read_text(), rows.read_text())
+    with pytest.raises(KeyError, match="ratio"):  # a row the table cannot show
+        _report.write_report(tmp_path, "demo", [{"name": "b"}], ["# Demo"], columns, quick=True)
+    assert (markdown.read_text(), rows.read_text()) == before
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["DEMO.quick.md", "demo.quick.json", "results"]
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="times tf's ClusterCoordinator (the TensorFlow engine)")
 def test_quick_parameter_server_run(tmp_path):
     """The exactly-once cost benchmark: one 2-worker 2-ps job timing the same

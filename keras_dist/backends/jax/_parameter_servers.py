@@ -203,9 +203,9 @@ class Cluster:
                 log_to_driver=False,
                 logging_level="ERROR",
                 configure_logging=False,
-                # Ray's metrics export at disconnect: with it on, a script
-                # exited with SIGSEGV after training in 3 of 16 runs under
-                # load (after Python's finalization); 0 of 15 with it off.
+                # A script sometimes exits with SIGSEGV after training (native
+                # teardown): 3 of 16 runs under load with Ray's metrics on,
+                # 1 of 31 with them off. Fewer, not none; cause still open.
                 _system_config={"enable_metrics_collection": False},
             )
             self.started_ray = True

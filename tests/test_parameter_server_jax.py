@@ -451,6 +451,34 @@ def test_ray_is_optional_and_imported_only_by_the_jax_engine():
     assert 'pip install "keras-dist[ray]"' in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("mode", ["exit", "user-shutdown"])
+def test_a_program_s_end_starts_no_second_ray(mode):
+    """Ray's `get`/`kill`/`.remote` start a new local Ray when none is up.
+    The strategy's exit clean-up once ran after Ray's own atexit shutdown
+    (whenever any `weakref.finalize` existed before `ray` was imported) and
+    its `ray.kill` started a second Ray at exit, whose teardown by Ray's C++
+    exit handler crashed with SIGSEGV in some runs (the example, after
+    MATCH). The exit hook now runs before Ray's, no Ray call is made once
+    Ray is down, and scheduling after `ray.shutdown()` is one clear error.
+    Counted in a fresh process: exactly one `ray.init`, exit code 0."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "tests", "workers", "ps_jax_exit.py"), mode],
+        env=env, capture_output=True, text=True, timeout=240,
+    )
+    report = out.stdout + out.stderr[-3000:]
+    assert out.returncode == 0, report
+    assert "bias 3.0" in out.stdout, report
+    assert out.stdout.count("ray.init called") == 1, report
+    if mode == "user-shutdown":
+        assert "refused: Ray was shut down" in out.stdout and "coordinator.join() before ray.shutdown()" in out.stdout, report
+
+
 def test_coordinator_writes_reach_the_workers_and_join_reads_the_ps(one_one):
     """Weights set in the coordinator (set_weights, a restored checkpoint)
     are sent at the next schedule; after join() the coordinator reads the

@@ -27,6 +27,7 @@ over Ray actors (`_ray_actors`: `ParameterServer`, `Worker`).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import io
 import itertools
@@ -60,6 +61,46 @@ def _ray():
             'pip install "keras-dist[ray]"'
         ) from error
     return ray
+
+
+def _ray_is_up() -> bool:
+    """Whether Ray is connected. Every call this module makes after Ray may
+    have stopped is guarded by it: Ray's `get`, `kill` and `.remote` start a
+    new local Ray when none is up (auto-init), which at interpreter exit
+    left a half-made driver that Ray's C++ exit handler tore down with
+    SIGSEGV."""
+    import ray
+
+    return ray.is_initialized()
+
+
+_RAY_DOWN = (
+    "Ray was shut down after this ParameterServerStrategy started its actors, and its "
+    "workers and parameter servers went with it. Call coordinator.join() before "
+    "ray.shutdown(), and make a new strategy to train again."
+)
+
+#: The started clusters, stopped by `_stop_clusters_at_exit` (weakly held).
+_LIVE_CLUSTERS: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _stop_clusters_at_exit() -> None:
+    for cluster in list(_LIVE_CLUSTERS):
+        cluster.shutdown()
+
+
+def _register_exit_hook() -> None:
+    """atexit runs hooks last-registered first, and Ray registers its own
+    shutdown when `ray` is imported; registered after that import, this
+    hook stops the clusters while Ray is still up. (A `weakref.finalize`
+    alone runs after Ray's shutdown whenever any finalizer existed before
+    `ray` was imported, e.g. a `tempfile.TemporaryDirectory`.)"""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _ray()
+        atexit.register(_stop_clusters_at_exit)
+        _exit_hook_registered = True
 
 
 def _actors():
@@ -203,9 +244,9 @@ class Cluster:
                 log_to_driver=False,
                 logging_level="ERROR",
                 configure_logging=False,
-                # A script sometimes exits with SIGSEGV after training (native
-                # teardown): 3 of 16 runs under load with Ray's metrics on,
-                # 1 of 31 with them off. Fewer, not none; cause still open.
+                # The strategy's own Ray exports no metrics (a metrics thread
+                # was running in the driver that crashed at exit; the cause
+                # was a second Ray started at exit, see _ray_is_up).
                 _system_config={"enable_metrics_collection": False},
             )
             self.started_ray = True
@@ -221,6 +262,8 @@ class Cluster:
         for thread in self.threads:
             thread.start()
         self.started = True
+        _register_exit_hook()
+        _LIVE_CLUSTERS.add(self)
         strategy = self.strategy_ref()
         if strategy is not None:
             weakref.finalize(strategy, self.shutdown)
@@ -252,12 +295,16 @@ class Cluster:
         ray = _ray()
         for thread in self.threads:
             thread.join(timeout=5)
-        for handle in [s.handle for s in self.slots] + list(self.ps):
-            try:
-                ray.kill(handle)
-            except Exception:
-                pass
+        # With Ray down the actors are gone with it, and ray.kill would
+        # start a new Ray (see _ray_is_up).
+        if _ray_is_up():
+            for handle in [s.handle for s in self.slots] + list(self.ps):
+                try:
+                    ray.kill(handle)
+                except Exception:
+                    pass
         self.started = False
+        _LIVE_CLUSTERS.discard(self)
 
     # -- registration
     def _owned(self, variable) -> bool:
@@ -494,6 +541,8 @@ class Cluster:
     def schedule(self, fn, args, kwargs) -> _Closure:
         with self.lock:  # as tf: an earlier function's error is raised (once) here too
             self._raise_error()
+        if self.started and not _ray_is_up():
+            raise RuntimeError(_RAY_DOWN)
         self.start()
         with self.lock:
             self.send_coordinator_writes()
@@ -516,6 +565,9 @@ class Cluster:
                     self.cond.wait()
                 if self.stopping:
                     return
+                if not _ray_is_up():
+                    self._fail(RuntimeError(_RAY_DOWN))
+                    return
                 closure = self.queue.popleft()
                 self.inflight += 1
             try:
@@ -537,7 +589,7 @@ class Cluster:
         """A new worker actor for a lost one; False when the slot gives up."""
         with self.cond:
             slot.restarts += 1
-            if slot.restarts > MAX_WORKER_RESTARTS or self.stopping:
+            if slot.restarts > MAX_WORKER_RESTARTS or self.stopping or not _ray_is_up():
                 slot.alive = False
                 if not any(s.alive for s in self.slots):
                     self._fail(RuntimeError("Every worker was lost; no worker is left to run scheduled functions."))

@@ -459,7 +459,7 @@ def test_a_program_s_end_starts_no_second_ray(mode):
     its `ray.kill` started a second Ray at exit, whose teardown by Ray's C++
     exit handler crashed with SIGSEGV in some runs (the example, after
     MATCH). The exit hook now runs before Ray's, no Ray call is made once
-    Ray is down, and scheduling after `ray.shutdown()` is one clear error.
+    Ray is down, and `schedule`/`join` after `ray.shutdown()` are one clear error.
     Counted in a fresh process: exactly one `ray.init`, exit code 0."""
     import os
     import subprocess
@@ -476,7 +476,9 @@ def test_a_program_s_end_starts_no_second_ray(mode):
     assert "bias 3.0" in out.stdout, report
     assert out.stdout.count("ray.init called") == 1, report
     if mode == "user-shutdown":
-        assert "refused: Ray was shut down" in out.stdout and "coordinator.join() before ray.shutdown()" in out.stdout, report
+        for call in ("schedule", "join"):
+            assert f"{call} refused: Ray was shut down" in out.stdout, report
+        assert "coordinator.join() before ray.shutdown()" in out.stdout, report
 
 
 def test_coordinator_writes_reach_the_workers_and_join_reads_the_ps(one_one):

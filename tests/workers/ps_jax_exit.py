@@ -55,7 +55,8 @@ coordinator.join()
 print("bias", float(model.layers[0].bias.numpy()[0]), flush=True)
 if mode == "user-shutdown":
     ray.shutdown()
-    try:
-        coordinator.schedule(write)
-    except RuntimeError as error:
-        print("refused:", error, flush=True)
+    for name, call in [("schedule", lambda: coordinator.schedule(write)), ("join", coordinator.join)]:
+        try:
+            call()
+        except RuntimeError as error:
+            print(f"{name} refused:", error, flush=True)

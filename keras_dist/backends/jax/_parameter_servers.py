@@ -272,6 +272,12 @@ class Cluster:
         actors = _actors()
         return actors.Worker.options(runtime_env=self.runtime_env).remote(index, self.num_workers, self.ps, self.ps_timeout)
 
+    def _check_ray_up(self) -> None:
+        """Before a call that reaches the actors: with Ray stopped under a
+        started cluster, one clear error (Ray would start a new, empty Ray)."""
+        if self.started and not _ray_is_up():
+            raise RuntimeError(_RAY_DOWN)
+
     def _get(self, refs, what: str, timeout=None):
         ray = _ray()
         actors = _actors()
@@ -541,8 +547,7 @@ class Cluster:
     def schedule(self, fn, args, kwargs) -> _Closure:
         with self.lock:  # as tf: an earlier function's error is raised (once) here too
             self._raise_error()
-        if self.started and not _ray_is_up():
-            raise RuntimeError(_RAY_DOWN)
+        self._check_ray_up()
         self.start()
         with self.lock:
             self.send_coordinator_writes()
@@ -667,6 +672,7 @@ class Cluster:
             raise error
 
     def join(self) -> None:
+        self._check_ray_up()
         with self.cond:
             while self.queue or self.inflight:
                 if self.fatal is not None:
@@ -753,9 +759,11 @@ class Cluster:
         return [ps for ps, _, _ in self.placement[vid]]
 
     def ps_reports(self) -> list:
+        self._check_ray_up()
         return self._get([p.report.remote() for p in self.ps], "reading the ps reports")
 
     def worker_reports(self) -> list:
+        self._check_ray_up()
         ray = _ray()
         out = []
         for slot in self.slots:

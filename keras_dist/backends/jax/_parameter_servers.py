@@ -69,9 +69,7 @@ def _ray_is_up() -> bool:
     new local Ray when none is up (auto-init), which at interpreter exit
     left a half-made driver that Ray's C++ exit handler tore down with
     SIGSEGV."""
-    import ray
-
-    return ray.is_initialized()
+    return _ray().is_initialized()
 
 
 _RAY_DOWN = (
@@ -265,8 +263,8 @@ class Cluster:
         _register_exit_hook()
         _LIVE_CLUSTERS.add(self)
         strategy = self.strategy_ref()
-        if strategy is not None:
-            weakref.finalize(strategy, self.shutdown)
+        if strategy is not None:  # when collected; at exit, _stop_clusters_at_exit
+            weakref.finalize(strategy, self.shutdown).atexit = False
 
     def _new_worker(self, index):
         actors = _actors()

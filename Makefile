@@ -13,8 +13,8 @@ KERAS_MIN_DIR := .venv-keras-min
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install install-jax install-tensorflow demo test test-chain-jax test-chain-tensorflow \
-	test-jax test-jax-with-tensorflow test-tensorflow test-keras-min test-keras-min-jax \
+.PHONY: install install-jax install-tensorflow demo test test-stream-jax test-stream-tf test-stream-mixed \
+	test-quick durations test-jax test-jax-with-tensorflow test-tensorflow test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults bench clean
 
 comma := ,
@@ -52,50 +52,102 @@ demo: install
 
 # Each backend runs in its own pytest processes (the backend is fixed per
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
-# `".[tensorflow]"` gives it. The two backends' chains run side by side (two
-# cores: about 40 min instead of 60 one after the other), each into its own
-# log, printed when both are done; every part always runs, and the target
-# fails if any failed.
+# `".[tensorflow]"` gives it. Three streams run side by side, each into its
+# own log, printed when all are done; every part always runs, and the target
+# fails if any failed. Each stream builds its own venv first (no two share
+# one), so installs overlap too. The streams are sized from
+# tests/DURATIONS.md so that none waits long on another:
+#   jax:   the JAX suite (.venv-jax)
+#   tf:    the TensorFlow suite (.venv-tensorflow)
+#   mixed: JAX's needs_tensorflow tests, then the oldest Keras on both
+#          backends (.venv + .venv-keras-min)
+# Every pytest run writes what each test cost to .test-logs/durations/;
+# `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
+STREAMS := jax tf mixed
+DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
+#: The JAX pytest processes share one XLA compilation cache, new each run
+#: (tests/conftest.py says what it does and does not skip).
+JAX_TEST_CACHE := KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache
 
-test: install install-jax install-tensorflow $(KERAS_MIN_DIR)/.installed
-	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS); \
-	$(MAKE) --no-print-directory -k test-chain-jax > $(TEST_LOGS)/jax.log 2>&1 & jax=$$!; \
-	$(MAKE) --no-print-directory -k test-chain-tensorflow > $(TEST_LOGS)/tensorflow.log 2>&1 & tf=$$!; \
-	status=0; wait $$jax || status=1; wait $$tf || status=1; \
-	echo "===== JAX ($(TEST_LOGS)/jax.log)"; cat $(TEST_LOGS)/jax.log; \
-	echo "===== TensorFlow ($(TEST_LOGS)/tensorflow.log)"; cat $(TEST_LOGS)/tensorflow.log; \
+test:
+	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; \
+	pids=""; for stream in $(STREAMS); do \
+	  { start=$$SECONDS; $(MAKE) --no-print-directory -k test-stream-$$stream; code=$$?; \
+	    echo "== stream $$stream: $$((SECONDS - start)) s, exit $$code"; exit $$code; } \
+	    > $(TEST_LOGS)/$$stream.log 2>&1 & pids="$$pids $$!"; \
+	done; \
+	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
+	for stream in $(STREAMS); do echo "===== stream $$stream ($(TEST_LOGS)/$$stream.log)"; cat $(TEST_LOGS)/$$stream.log; done; \
+	echo "===== make test: per stream"; grep -h "^== stream" $(TEST_LOGS)/*.log; \
 	exit $$status
 
-test-chain-jax: test-jax test-jax-with-tensorflow test-keras-min-jax
-test-chain-tensorflow: test-tensorflow test-keras-min-tensorflow
+test-stream-jax: test-jax
+test-stream-tf: test-tensorflow
+test-stream-mixed: test-jax-with-tensorflow test-keras-min-jax test-keras-min-tensorflow
+
+# The inner loop (about 4 min): the tests that start no process (no
+# subprocess, no multi-process job, no Ray), on one backend (JAX unless
+# KERAS_BACKEND says otherwise); a test that starts one anyway fails, naming
+# the `starts_processes` marker it needs.
+# It runs in the backend's own venv, as `make test` does.
+QUICK_BACKEND := $(or $(KERAS_BACKEND),jax)
+QUICK_VENV := $(if $(filter tensorflow,$(QUICK_BACKEND)),$(VENV_TF),$(VENV_JAX))
+test-quick: $(QUICK_VENV)/.installed
+	KERAS_BACKEND=$(QUICK_BACKEND) KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-quick \
+	  $(QUICK_VENV)/bin/python -m pytest -q -rs --quick --durations=10 tests
+
+# The cost of every test, from the durations files of the last `make test`
+# (runs it first if there are none).
+durations:
+	@ls $(TEST_LOGS)/durations/*.json >/dev/null 2>&1 || $(MAKE) --no-print-directory test
+	$(PYTHON) tests/durations.py tests/DURATIONS.md $(TEST_LOGS)/durations/*.json
 
 # KERAS_DIST_SINGLE_BACKEND: tests/test_single_backend_install.py checks the
 # other backend's package is absent. Tests marked needs_tensorflow (tf.data
 # input or TensorBoard on JAX) are skipped here, naming the next target.
 test-jax: install-jax
-	KERAS_BACKEND=jax KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax tests
+	$(call DURATIONS_FILE,jax) $(JAX_TEST_CACHE) KERAS_BACKEND=jax KERAS_DIST_SINGLE_BACKEND=jax \
+	  $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax tests
 
 # Just the needs_tensorflow tests on JAX, where both backends are installed.
 test-jax-with-tensorflow: install
-	KERAS_BACKEND=jax $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests tests
+	$(call DURATIONS_FILE,jax-with-tensorflow) $(JAX_TEST_CACHE) KERAS_BACKEND=jax \
+	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests tests
 
 test-tensorflow: install-tensorflow
-	KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow tests
+	$(call DURATIONS_FILE,tensorflow) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
+	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow tests
 
 # Same answer every time: the examples repeated under CPU load, every run's
-# weights hashed (slow; CI runs it after `make test`).
+# weights hashed (slow; CI runs it after `make test`). The two backends run
+# side by side: each one's runs are the other's load (with one busy process
+# more, for a load of about 3-4 on 2 cores; see tests/test_stress.py).
 test-stress: install
-	@status=0; for backend in jax tensorflow; do \
-	  KERAS_BACKEND=$$backend $(PYTEST) tests/test_stress.py -m stress || status=1; \
-	done; exit $$status
+	@rm -rf $(TEST_LOGS)/stress-*.log $(TEST_LOGS)/durations/stress-*.json; mkdir -p $(TEST_LOGS)/durations; \
+	for backend in jax tensorflow; do \
+	  KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/stress-$$backend.json KERAS_BACKEND=$$backend \
+	    $(PYTEST) tests/test_stress.py -m stress > $(TEST_LOGS)/stress-$$backend.log 2>&1 & \
+	  eval "pid_$$backend=$$!"; \
+	done; \
+	status=0; wait $$pid_jax || status=1; wait $$pid_tensorflow || status=1; \
+	for backend in jax tensorflow; do echo "===== test-stress, $$backend"; cat $(TEST_LOGS)/stress-$$backend.log; done; \
+	exit $$status
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
-# job (slow; CI runs it after `make test`).
+# job (slow; CI runs it after `make test`). Each job mostly waits out a
+# timeout, so the two backends run side by side (the bound each check
+# allows past the timeout is unchanged).
 test-faults: install
-	@status=0; for backend in jax tensorflow; do \
-	  KERAS_BACKEND=$$backend $(PYTEST) tests/test_fault_phases.py -m faults || status=1; \
-	done; exit $$status
+	@rm -rf $(TEST_LOGS)/faults-*.log $(TEST_LOGS)/durations/faults-*.json; mkdir -p $(TEST_LOGS)/durations; \
+	for backend in jax tensorflow; do \
+	  KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/faults-$$backend.json KERAS_BACKEND=$$backend \
+	    $(PYTEST) tests/test_fault_phases.py -m faults > $(TEST_LOGS)/faults-$$backend.log 2>&1 & \
+	  eval "pid_$$backend=$$!"; \
+	done; \
+	status=0; wait $$pid_jax || status=1; wait $$pid_tensorflow || status=1; \
+	for backend in jax tensorflow; do echo "===== test-faults, $$backend"; cat $(TEST_LOGS)/faults-$$backend.log; done; \
+	exit $$status
 
 # The oldest supported Keras, overlaid on the same environment.
 $(KERAS_MIN_DIR)/.installed: $(STAMP)
@@ -105,13 +157,14 @@ $(KERAS_MIN_DIR)/.installed: $(STAMP)
 test-keras-min: test-keras-min-jax test-keras-min-tensorflow
 
 # (Two explicit targets: make skips pattern rules for .PHONY targets.)
-KERAS_MIN_TESTS = PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$(1) KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
+KERAS_MIN_TESTS = $(call DURATIONS_FILE,keras-min-$(1)) PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$(1) \
+	  KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
 	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-$(1) \
 	    tests/test_keras_version.py tests/test_hooks.py tests/test_architecture.py \
 	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
 
 test-keras-min-jax: install $(KERAS_MIN_DIR)/.installed
-	$(call KERAS_MIN_TESTS,jax)
+	$(JAX_TEST_CACHE) $(call KERAS_MIN_TESTS,jax)
 
 test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
 	$(call KERAS_MIN_TESTS,tensorflow)

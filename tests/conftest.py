@@ -20,10 +20,28 @@ import pytest  # noqa: E402
 
 import keras_dist  # noqa: E402
 
+pytest_plugins = ["_suite_plugin"]  # durations file, --quick (make test-quick)
+
 NUM_DEVICES = 4
 keras_dist.simulate_cpu_devices(NUM_DEVICES)
 
 BACKEND = keras.config.backend()
+
+#: `make test` gives the JAX suites one persistent XLA compilation cache,
+#: new for each run (`.test-logs/jax-cache`), in this pytest process only:
+#: an XLA program identical to one an earlier test compiled (the same model,
+#: batch shapes and devices: each equivalence test's one-device reference,
+#: say) is loaded instead of compiled again. Everything above XLA (Keras,
+#: keras_dist, tracing and lowering) still runs in every test, and the
+#: program run is the same; subprocesses (examples, workers) compile their
+#: own, as a user's do.
+JAX_CACHE = os.environ.get("KERAS_DIST_TEST_JAX_CACHE")
+if BACKEND == "jax" and JAX_CACHE:
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", JAX_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 #: backend -> (marker of the tests that need the other backend's package,
@@ -32,7 +50,8 @@ OTHER_BACKEND = {"jax": ("needs_tensorflow", "tensorflow", "make test-jax-with-t
 
 
 def pytest_report_header(config):
-    return f"keras {keras.version()}, backend {BACKEND}, {NUM_DEVICES} simulated CPU devices"
+    cache = f", XLA compilation cache {JAX_CACHE}" if BACKEND == "jax" and JAX_CACHE else ""
+    return f"keras {keras.version()}, backend {BACKEND}, {NUM_DEVICES} simulated CPU devices{cache}"
 
 
 def pytest_addoption(parser):

@@ -23,6 +23,7 @@ def _env():
     return env
 
 
+@pytest.mark.starts_processes
 def test_bench_prints_the_scaling_report_and_writes_the_plot(tmp_path):
     plot = tmp_path / "bench.png"
     argv = ["bench", "--replicas", "2", "--backend", BACKEND, "--batch-size", "32", "--steps", "3",

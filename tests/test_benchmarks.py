@@ -28,6 +28,7 @@ def _run_quick(script, output, *options, timeout=300):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.starts_processes
 def test_quick_benchmark_run(tmp_path):
     _run_quick("run.py", tmp_path, "--backends", BACKEND, timeout=600)
     report = json.loads((tmp_path / "results" / "quick.json").read_text())
@@ -43,6 +44,7 @@ def test_quick_benchmark_run(tmp_path):
     assert (tmp_path / "results" / "step_time.quick.png").stat().st_size > 0
 
 
+@pytest.mark.starts_processes
 def test_quick_weak_scaling_run(tmp_path):
     """P3's harness: a one-worker and a two-worker job, each pinned to a core."""
     _run_quick("weak_scaling.py", tmp_path, "--backends", BACKEND)
@@ -54,6 +56,7 @@ def test_quick_weak_scaling_run(tmp_path):
     assert f"| {BACKEND} |" in (tmp_path / "WEAK_SCALING.quick.md").read_text()
 
 
+@pytest.mark.starts_processes
 @pytest.mark.needs_tensorflow
 def test_quick_per_worker_input_run(tmp_path):
     """The per-worker tf.data input benchmark: one 2-worker job timing DATA,
@@ -109,6 +112,7 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["DEMO.quick.md", "demo.quick.json", "results"]
 
 
+@pytest.mark.starts_processes
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="times tf's ClusterCoordinator (the TensorFlow engine)")
 def test_quick_parameter_server_run(tmp_path):
     """The exactly-once cost benchmark: one 2-worker 2-ps job timing the same

@@ -606,6 +606,7 @@ def test_docstring_examples_run(module):
     assert runner.tries >= 8
 
 
+@pytest.mark.starts_processes
 def test_importing_and_using_with_fakes_imports_no_client_package():
     """In a fresh process: importing keras_dist.cluster_resolver, and using
     the resolvers with clients of their own, loads neither client package

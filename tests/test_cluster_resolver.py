@@ -663,6 +663,7 @@ def test_modules_import_only_the_standard_library():
                 ), f"{path.name}:{node.lineno} imports {name}, not the standard library"
 
 
+@pytest.mark.starts_processes
 def test_import_loads_no_backend():
     """Imported without keras_dist/__init__ (a stub parent), nothing else loads."""
     code = (

@@ -128,10 +128,12 @@ def _assert_match(result: subprocess.CompletedProcess) -> None:
     assert "MISMATCH" not in result.stdout, _report(result)
 
 
+@pytest.mark.starts_processes
 def test_example_digits_cnn_matches_single_device():
     _assert_match(_run([EXAMPLE, "--epochs", "1"]))
 
 
+@pytest.mark.starts_processes
 def test_example_custom_loop_matches_single_device():
     backend = keras.config.backend()
     example = CUSTOM_LOOP_EXAMPLE.format(backend=backend)
@@ -153,6 +155,7 @@ def _guide_runs() -> list:
     return runs
 
 
+@pytest.mark.starts_processes
 @pytest.mark.parametrize("guide, tensorflow", _guide_runs())
 def test_guide_python_blocks_run(guide, tensorflow, tmp_path):
     path = REPO / guide

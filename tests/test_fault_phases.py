@@ -23,7 +23,7 @@ import pytest
 from conftest import BACKEND
 from test_multi_worker import ROOT, _run_job
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.starts_processes]
 
 WORKER = os.path.join(ROOT, "tests", "workers", "mw_phase.py")
 TIMEOUT = 20  # CommunicationOptions(timeout_seconds=...) of the workers

@@ -28,6 +28,7 @@ def _env(**extra):
     )
 
 
+@pytest.mark.starts_processes
 def test_killed_worker_resumes_through_backup_and_restore(tmp_path):
     """Worker 1 is SIGKILLed in epoch 2; the launcher restarts the job, which
     resumes from the chief's epoch-1 backup and ends with the weights of an
@@ -47,6 +48,7 @@ def test_killed_worker_resumes_through_backup_and_restore(tmp_path):
     assert not (tmp_path / "backup").exists()  # deleted by the chief at the end
 
 
+@pytest.mark.starts_processes
 @pytest.mark.parametrize("dying, how", [(0, "STOP"), (1, "KILL")])
 def test_survivor_of_a_dead_peer_exits_within_the_timeout(tmp_path, dying, how):
     """The chief freezes (alive, silent: the hard case) or worker 1 dies;
@@ -111,6 +113,7 @@ KILLED_MID_WRITE = textwrap.dedent(
 )
 
 
+@pytest.mark.starts_processes
 def test_backup_killed_mid_write_leaves_the_previous_one(tmp_path, mirrored):
     import keras
 

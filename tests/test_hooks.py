@@ -552,6 +552,7 @@ _PLAIN_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.starts_processes
 def test_code_outside_a_strategy_is_plain_keras_bit_for_bit(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(_PLAIN_SCRIPT)

@@ -13,6 +13,8 @@ import pytest
 
 from keras_dist import launch as launch_module
 
+pytestmark = pytest.mark.starts_processes  # worker processes, launched jobs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # argv: out_dir mode. Writes pid-<index>-<attempt> first, then per mode.

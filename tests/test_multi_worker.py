@@ -14,6 +14,8 @@ import pytest
 from conftest import BACKEND
 from keras_dist.launch import free_ports as _free_ports
 
+pytestmark = pytest.mark.starts_processes  # worker processes, launched jobs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "mw_fit.py")
 CUSTOM_WORKER = os.path.join(ROOT, "tests", "workers", "mw_custom.py")

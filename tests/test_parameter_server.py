@@ -15,6 +15,8 @@ from conftest import BACKEND
 
 import keras_dist
 
+pytestmark = pytest.mark.starts_processes  # worker processes, launched jobs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "workers", "ps_job.py")
 
@@ -23,8 +25,11 @@ tf_engine = pytest.mark.skipif(
 )
 
 
-def _job(tmp_path, workers, ps, mode, steps=None, timeout=150):
-    out = tmp_path / f"{mode}.json"
+def _job(directory, workers, ps, modes, timeout=150):
+    """One `keras-dist launch --workers N --ps M` job whose chief runs
+    `modes` (tests/workers/ps_job.py: "mode:steps,..."), one after another
+    on the same cluster; {mode: its report}."""
+    out = directory / "job"
     env = dict(
         os.environ,
         KERAS_BACKEND="tensorflow",
@@ -33,17 +38,35 @@ def _job(tmp_path, workers, ps, mode, steps=None, timeout=150):
     )
     command = [
         sys.executable, "-m", "keras_dist.launch", "--workers", str(workers), "--ps", str(ps),
-        "--timeout", "90", "--max-time", str(timeout - 10), JOB, str(out), mode,
-        *([str(steps)] if steps else []),
+        "--timeout", "90", "--max-time", str(timeout - 10), JOB, str(out), modes,
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(out.read_text())
+    names = [part.split(":")[0] for part in modes.split(",")]
+    return {name: json.loads((directory / f"job.{name}.json").read_text()) for name in names}
+
+
+# One job per cluster shape, shared by the tests of this module that read
+# it (a job's modes run one after another on its strategy; each test checks
+# its own mode's report). Jobs that kill a task run alone.
+
+
+@pytest.fixture(scope="module")
+def one_worker_one_ps(tmp_path_factory):
+    return _job(
+        tmp_path_factory.mktemp("ps-1w-1ps"), 1, 1, "loop:40,fit-loop-inside:16,adam-loop:40,bad-inputs", timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def two_workers_two_ps(tmp_path_factory):
+    # replay last: it numbers its functions itself
+    return _job(tmp_path_factory.mktemp("ps-2w-2ps"), 2, 2, "loop:60,fit:32,replay:30", timeout=300)
 
 
 @tf_engine
-def test_one_worker_matches_single_device_step_for_step(tmp_path):
-    report = _job(tmp_path, 1, 1, "loop", 40)
+def test_one_worker_matches_single_device_step_for_step(one_worker_one_ps):
+    report = one_worker_one_ps["loop"]
     assert report["iterations"] == 40 and report["counter"] == 40.0
     assert report["max_diff"] < 1e-5, report
 
@@ -63,7 +86,7 @@ def test_partitioned_variables_one_worker_match_single_device_and_reload_unshard
     gradient tape watches one handle), layers the whole. 1 worker equals one
     device step for step; weights keep the unsharded shapes and reload into
     an unsharded model exactly."""
-    report = _job(tmp_path, 1, 2, "sharded-loop", 30)
+    report = _job(tmp_path, 1, 2, "sharded-loop:30")["sharded-loop"]
     assert report["iterations"] == 30 and report["counter"] == 30.0
     assert report["max_diff"] < 1e-5, report
     assert report["shapes"] == [[8, 16], [16], [16, 1], [1]]
@@ -75,15 +98,15 @@ def test_partitioned_variables_one_worker_match_single_device_and_reload_unshard
 
 @tf_engine
 def test_partitioned_variables_fit_two_workers_two_ps(tmp_path):
-    report = _job(tmp_path, 2, 2, "sharded-fit", 32)
+    report = _job(tmp_path, 2, 2, "sharded-fit:32")["sharded-fit"]
     assert report["iterations"] == 3 * 32  # every scheduled step, once
     assert len(_split_over_both_ps(report["devices"])) == 3
     assert report["evaluate"]["accuracy"] >= report["single_device_accuracy"] - 0.06, report
 
 
 @tf_engine
-def test_two_workers_two_ps_no_lost_update_and_every_variable_on_a_ps(tmp_path):
-    report = _job(tmp_path, 2, 2, "loop", 60)
+def test_two_workers_two_ps_no_lost_update_and_every_variable_on_a_ps(two_workers_two_ps):
+    report = two_workers_two_ps["loop"]
     # Keras' assign_add is a read-then-write: without keras_dist's atomic
     # increment two workers lost updates (47 of 60 measured).
     assert report["iterations"] == 60
@@ -95,8 +118,8 @@ def test_two_workers_two_ps_no_lost_update_and_every_variable_on_a_ps(tmp_path):
 
 
 @tf_engine
-def test_fit_with_dataset_function_callbacks_evaluate_predict(tmp_path):
-    report = _job(tmp_path, 2, 2, "fit", 32, timeout=180)
+def test_fit_with_dataset_function_callbacks_evaluate_predict(two_workers_two_ps):
+    report = two_workers_two_ps["fit"]
     history = report["history"]
     assert set(history) == {"accuracy", "loss", "val_accuracy", "val_loss"}
     assert len(history["loss"]) == 3 and history["loss"][-1] < history["loss"][0]
@@ -114,56 +137,56 @@ def test_worker_killed_mid_training_is_rescheduled_and_applied_exactly_once(tmp_
     function whose writes reached the ps before its worker died ran them
     twice (61 of 60 seen before keras_dist gated them). Every write is now
     claimed by the function's id on its ps: exactly N."""
-    report = _job(tmp_path, 2, 1, "kill", 60)
+    report = _job(tmp_path, 2, 1, "kill:60")["kill"]
     assert report.get("killed"), report
     assert "error" not in report, report
     assert report["iterations"] == 60 and report["counter"] == 60.0, report
 
 
 @tf_engine
-def test_a_function_run_twice_applies_each_write_once(tmp_path):
+def test_a_function_run_twice_applies_each_write_once(two_workers_two_ps):
     """Each function scheduled twice under one id, the two runs racing on
     two workers (what a re-run after a worker's death is): 30 steps counted
     once each; each of a step's 6 writes (4 variables, iterations, a
     counter) skipped by exactly one run; the keys gone after join."""
-    report = _job(tmp_path, 2, 2, "replay", 30)
+    report = two_workers_two_ps["replay"]
     assert report["iterations"] == 30 and report["counter"] == 30.0, report
     assert report["skipped_writes"] == 30 * 6, report
     assert report["claimed_after_join"] == 0
 
 
 @tf_engine
-def test_fit_with_several_steps_per_function_applies_every_step(tmp_path):
+def test_fit_with_several_steps_per_function_applies_every_step(one_worker_one_ps):
     """steps_per_execution=4: each scheduled function loops over 4 train
     steps; each step's writes are numbered apart (a write inside the loop
     is one traced op run 4 times), so all 16 steps apply, as on one device."""
-    report = _job(tmp_path, 1, 1, "fit-loop-inside", 16)
+    report = one_worker_one_ps["fit-loop-inside"]
     assert report["iterations"] == 16, report
     assert report["max_diff"] < 1e-5, report
 
 
 @tf_engine
-def test_adam_schedule_and_batchnorm_one_worker_match_single_device(tmp_path):
+def test_adam_schedule_and_batchnorm_one_worker_match_single_device(one_worker_one_ps):
     """Adam's bias correction and a learning-rate schedule read iterations
     (read once per step, before the gated updates); BatchNormalization
     writes its statistics with assign (gated too): 1 worker + 1 ps equals
     one device step for step."""
-    report = _job(tmp_path, 1, 1, "adam-loop", 40)
+    report = one_worker_one_ps["adam-loop"]
     assert report["iterations"] == 40 and report["counter"] == 40.0
     assert report["max_diff"] < 1e-5, report
 
 
 @tf_engine
 def test_ps_killed_gives_a_clear_error_not_a_hang(tmp_path):
-    report = _job(tmp_path, 2, 1, "ps-dies", 60)
+    report = _job(tmp_path, 2, 1, "ps-dies:60")["ps-dies"]
     assert report.get("killed"), report
     assert report["error"].startswith("PeerWorkerError: Parameter server ps:0 failed"), report["error"][:300]
     assert report["error_seconds"] < 60
 
 
 @tf_engine
-def test_bad_inputs_raise_one_clear_error_each_before_any_change(tmp_path):
-    report = _job(tmp_path, 1, 1, "bad-inputs")
+def test_bad_inputs_raise_one_clear_error_each_before_any_change(one_worker_one_ps):
+    report = one_worker_one_ps["bad-inputs"]
     errors = report["errors"]
     assert "needs steps_per_epoch" in errors["missing steps_per_epoch"]
     assert "takes a dataset function" in errors["a dataset, not a function"]

@@ -14,7 +14,10 @@ import keras
 import keras_dist
 from conftest import BACKEND
 
-pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="ParameterServerStrategy's JAX engine (Ray actors)")
+pytestmark = [
+    pytest.mark.skipif(BACKEND != "jax", reason="ParameterServerStrategy's JAX engine (Ray actors)"),
+    pytest.mark.starts_processes,  # Ray's processes and actors
+]
 
 FEATURES = 6
 
@@ -418,6 +421,7 @@ def test_bad_inputs_one_clear_error_each_before_any_state_changes(one_one):
         step(iter([]))
 
 
+@pytest.mark.starts_processes
 def test_ray_is_optional_and_imported_only_by_the_jax_engine():
     """Ray is imported by keras_dist/backends/jax/ only; without it, the
     error names the extra (checked in a process where `import ray` fails)."""
@@ -451,6 +455,7 @@ def test_ray_is_optional_and_imported_only_by_the_jax_engine():
     assert 'pip install "keras-dist[ray]"' in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.starts_processes
 @pytest.mark.parametrize("mode", ["exit", "user-shutdown"])
 def test_a_program_s_end_starts_no_second_ray(mode):
     """Ray's `get`/`kill`/`.remote` start a new local Ray when none is up.

@@ -493,6 +493,7 @@ def _stop_job(launcher, out_dir):
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.starts_processes
 @pytest.mark.parametrize("kind", KINDS)
 def test_sigterm_to_one_worker_saves_once_and_the_restarted_job_resumes(tmp_path, kind):
     """`keras-dist launch -n 2 --max-restarts 1`: SIGTERM to worker 1 in the

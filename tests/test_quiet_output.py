@@ -30,6 +30,7 @@ def _run(script: str, **env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.starts_processes
 def test_one_device_mirrored_strategy_says_so_once():
     """With one visible device, `MirroredStrategy()` warns once per process
     (on stderr, with Python's default logging), naming
@@ -57,6 +58,7 @@ def test_no_note_with_several_devices_or_named_devices(caplog, monkeypatch):
     assert not caplog.records
 
 
+@pytest.mark.starts_processes
 @pytest.mark.skipif(BACKEND != "jax", reason="a JAX user's output")
 @pytest.mark.needs_tensorflow
 def test_jax_training_on_tf_data_prints_no_tensorflow_log_lines_of_its_own():

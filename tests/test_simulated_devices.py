@@ -45,12 +45,14 @@ def _probe(**env):
     return int(pool), nproc, int(wanted)
 
 
+@pytest.mark.starts_processes
 def test_four_simulated_devices_get_four_threads_each():
     pool, nproc, wanted = _probe()
     assert wanted >= 16
     assert pool == wanted and nproc == str(wanted)  # XLA's pool without it: max(cores, 4)
 
 
+@pytest.mark.starts_processes
 def test_a_thread_count_the_user_set_is_kept():
     pool, nproc, _ = _probe(NPROC="6")
     assert (pool, nproc) == (6, "6")

@@ -58,12 +58,14 @@ def _output(done: subprocess.CompletedProcess) -> str:
     return f"exit code {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.starts_processes
 def test_command_help(tmp_path):
     for args, expected in [((), "launch"), (("launch",), "--num-workers"), (("bench",), "--replicas")]:
         done = _keras_dist(*args, "--help", cwd=tmp_path, timeout=60)
         assert done.returncode == 0 and expected in done.stdout, _output(done)
 
 
+@pytest.mark.starts_processes
 def test_command_launches_workers_on_this_backend(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
@@ -73,6 +75,7 @@ def test_command_launches_workers_on_this_backend(tmp_path):
         assert f"worker {index} of 2 on {BACKEND}" in done.stdout, _output(done)
 
 
+@pytest.mark.starts_processes
 def test_command_bench_defaults_to_the_installed_backend(tmp_path):
     """With KERAS_BACKEND unset and no --backend, `bench` takes the backend
     that is installed (in a venv with both: pass it)."""

@@ -1,0 +1,105 @@
+"""What each test costs, and which tests start processes.
+
+* ``KERAS_DIST_DURATIONS=path.json``: at the end of the run, every test's
+  seconds (setup + call + teardown, so a module's cluster start is charged to
+  its first test), outcome and markers are written to that file (a temp file,
+  then a rename). `make durations` turns the files of every suite into
+  ``tests/DURATIONS.md`` (``tests/durations.py``).
+* ``--quick`` (`make test-quick`): tests marked ``starts_processes`` are left
+  out, and any other test that starts a process fails at once, naming the
+  marker, so the marker cannot drift from what a test does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+MARKERS = ("starts_processes", "slow", "needs_tensorflow", "stress", "faults")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="leave out tests marked starts_processes; a test that starts a process anyway fails",
+    )
+
+
+class _Durations:
+    def __init__(self, path: str, run: str):
+        self.path, self.run = path, run
+        self.seconds: dict[str, float] = {}
+        self.outcome: dict[str, str] = {}
+        self.markers: dict[str, dict] = {}
+        self.started = time.time()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            marks = {}
+            for name in MARKERS:
+                mark = item.get_closest_marker(name)
+                if mark is not None:
+                    marks[name] = (mark.args[0] if mark.args else mark.kwargs.get("reason", "")) or ""
+            self.markers[item.nodeid] = marks
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.when == "call" or report.outcome != "passed":
+            if self.outcome.get(report.nodeid) in (None, "passed"):
+                self.outcome[report.nodeid] = report.outcome
+
+    def pytest_sessionfinish(self, session):
+        tests = [
+            {
+                "id": nodeid,
+                "seconds": round(seconds, 2),
+                "outcome": self.outcome.get(nodeid, "passed"),
+                "markers": self.markers.get(nodeid, {}),
+            }
+            for nodeid, seconds in self.seconds.items()
+        ]
+        data = {"run": self.run, "wall_seconds": round(time.time() - self.started, 1), "tests": tests}
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, indent=0)
+        os.replace(tmp, self.path)
+
+
+def pytest_configure(config):
+    path = os.environ.get("KERAS_DIST_DURATIONS")
+    if path:
+        run = os.environ.get("KERAS_DIST_DURATIONS_RUN") or os.path.splitext(os.path.basename(path))[0]
+        config.pluginmanager.register(_Durations(path, run), "keras_dist_durations")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--quick"):
+        return
+    kept = [item for item in items if item.get_closest_marker("starts_processes") is None]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
+class ProcessStarted(RuntimeError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _quick_runs_start_no_process(request, monkeypatch):
+    """Under --quick, a test not marked starts_processes may start none."""
+    if request.config.getoption("--quick"):
+
+        def refuse(self, *args, **kwargs):
+            raise ProcessStarted(
+                f"{request.node.nodeid} started a process: mark it @pytest.mark.starts_processes "
+                "(make test-quick leaves those out)"
+            )
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield

@@ -13,7 +13,8 @@ KERAS_MIN_DIR := .venv-keras-min
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install install-jax install-tensorflow demo test test-stream-jax test-stream-tf test-stream-mixed \
+.PHONY: install install-jax install-tensorflow demo test test-stream-jax test-stream-tf-in-process \
+	test-stream-tf-processes test-stream-mixed test-tensorflow-in-process test-tensorflow-processes \
 	test-quick durations test-jax test-jax-with-tensorflow test-tensorflow test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults bench clean
 
@@ -54,24 +55,31 @@ demo: install
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
 # `".[tensorflow]"` gives it. Three streams run side by side, each into its
 # own log, printed when all are done; every part always runs, and the target
-# fails if any failed. Each stream builds its own venv first (no two share
-# one), so installs overlap too. The streams are sized from
-# tests/DURATIONS.md so that none waits long on another:
-#   jax:   the JAX suite (.venv-jax)
-#   tf:    the TensorFlow suite (.venv-tensorflow)
-#   mixed: JAX's needs_tensorflow tests, then the oldest Keras on both
-#          backends (.venv + .venv-keras-min)
+# fails if any failed. The streams are sized from tests/DURATIONS.md so that
+# none waits long on another:
+#   jax:            the JAX suite (.venv-jax)
+#   tf-in-process:  the TensorFlow tests that start no process (.venv-tensorflow)
+#   tf-processes:   the TensorFlow tests that start processes (.venv-tensorflow)
+#   mixed:          JAX's needs_tensorflow tests, then the oldest Keras on both
+#                   backends (.venv + .venv-keras-min)
+# Each venv is built first, the three at once (the two TensorFlow streams
+# share one), then the four streams start.
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
-STREAMS := jax tf mixed
+STREAMS := jax tf-in-process tf-processes mixed
 DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
-#: The JAX pytest processes share one XLA compilation cache, new each run
-#: (tests/conftest.py says what it does and does not skip).
-JAX_TEST_CACHE := KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache
+#: The JAX pytest processes of a stream share one XLA compilation cache, new
+#: each run, one per stream (the streams run at once, and JAX writes cache
+#: entries in place; tests/conftest.py says what it does and does not skip).
+JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1)
 
 test:
 	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; \
+	start=$$SECONDS; \
+	$(MAKE) --no-print-directory -j3 install install-jax install-tensorflow $(KERAS_MIN_DIR)/.installed > $(TEST_LOGS)/install.log 2>&1 \
+	  || { cat $(TEST_LOGS)/install.log; exit 1; }; \
+	echo "== venvs: $$((SECONDS - start)) s" >> $(TEST_LOGS)/install.log; \
 	pids=""; for stream in $(STREAMS); do \
 	  { start=$$SECONDS; $(MAKE) --no-print-directory -k test-stream-$$stream; code=$$?; \
 	    echo "== stream $$stream: $$((SECONDS - start)) s, exit $$code"; exit $$code; } \
@@ -79,11 +87,12 @@ test:
 	done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
 	for stream in $(STREAMS); do echo "===== stream $$stream ($(TEST_LOGS)/$$stream.log)"; cat $(TEST_LOGS)/$$stream.log; done; \
-	echo "===== make test: per stream"; grep -h "^== stream" $(TEST_LOGS)/*.log; \
+	echo "===== make test: wall time per part"; grep -h "^== venvs" $(TEST_LOGS)/install.log; grep -h "^== stream" $(TEST_LOGS)/*.log; \
 	exit $$status
 
 test-stream-jax: test-jax
-test-stream-tf: test-tensorflow
+test-stream-tf-in-process: test-tensorflow-in-process
+test-stream-tf-processes: test-tensorflow-processes
 test-stream-mixed: test-jax-with-tensorflow test-keras-min-jax test-keras-min-tensorflow
 
 # The inner loop (about 4 min): the tests that start no process (no
@@ -107,17 +116,27 @@ durations:
 # other backend's package is absent. Tests marked needs_tensorflow (tf.data
 # input or TensorBoard on JAX) are skipped here, naming the next target.
 test-jax: install-jax
-	$(call DURATIONS_FILE,jax) $(JAX_TEST_CACHE) KERAS_BACKEND=jax KERAS_DIST_SINGLE_BACKEND=jax \
+	$(call DURATIONS_FILE,jax) $(call JAX_TEST_CACHE,jax) KERAS_BACKEND=jax KERAS_DIST_SINGLE_BACKEND=jax \
 	  $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax tests
 
 # Just the needs_tensorflow tests on JAX, where both backends are installed.
 test-jax-with-tensorflow: install
-	$(call DURATIONS_FILE,jax-with-tensorflow) $(JAX_TEST_CACHE) KERAS_BACKEND=jax \
+	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) KERAS_BACKEND=jax \
 	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests tests
 
-test-tensorflow: install-tensorflow
-	$(call DURATIONS_FILE,tensorflow) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
-	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow tests
+# The TensorFlow suite is the longest, so `make test` runs it as two pytest
+# processes side by side: the tests that start processes, and the rest.
+TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
+	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
+	  -m "not stress and not faults and $(2)" tests
+
+test-tensorflow: test-tensorflow-in-process test-tensorflow-processes
+
+test-tensorflow-in-process: install-tensorflow
+	$(call TF_TESTS,in-process,not starts_processes)
+
+test-tensorflow-processes: install-tensorflow
+	$(call TF_TESTS,processes,starts_processes)
 
 # Same answer every time: the examples repeated under CPU load, every run's
 # weights hashed (slow; CI runs it after `make test`). The two backends run
@@ -164,7 +183,7 @@ KERAS_MIN_TESTS = $(call DURATIONS_FILE,keras-min-$(1)) PYTHONPATH=$(KERAS_MIN_D
 	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
 
 test-keras-min-jax: install $(KERAS_MIN_DIR)/.installed
-	$(JAX_TEST_CACHE) $(call KERAS_MIN_TESTS,jax)
+	$(call JAX_TEST_CACHE,mixed) $(call KERAS_MIN_TESTS,jax)
 
 test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
 	$(call KERAS_MIN_TESTS,tensorflow)

@@ -18,7 +18,6 @@ pytestmark = pytest.mark.starts_processes  # worker processes, launched jobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "workers", "mw_fit.py")
-CUSTOM_WORKER = os.path.join(ROOT, "tests", "workers", "mw_custom.py")
 
 
 def _run_job(tmp_path, num_workers, argv, timeout=240, worker=WORKER):
@@ -53,11 +52,28 @@ def _run_job(tmp_path, num_workers, argv, timeout=240, worker=WORKER):
     return [p.returncode for p in processes], outputs
 
 
+@pytest.fixture(scope="module")
+def fit_and_custom_loop_jobs(tmp_path_factory):
+    """`jobs(devices_per_worker)`: one 2-worker job per device count, made
+    once for this module: each worker compares fit/evaluate/predict with one
+    device (worker<i>.json), then the example's custom loop on the same
+    strategy (custom_worker<i>.json)."""
+    made = {}
+
+    def jobs(devices_per_worker):
+        if devices_per_worker not in made:
+            directory = tmp_path_factory.mktemp(f"fit-custom-{devices_per_worker}dev")
+            made[devices_per_worker] = (directory, *_run_job(directory, 2, [devices_per_worker, 203, 10, "custom"]))
+        return made[devices_per_worker]
+
+    return jobs
+
+
 @pytest.mark.parametrize("devices_per_worker", [1, 2])
-def test_two_workers_match_single_device(tmp_path, devices_per_worker):
-    codes, outputs = _run_job(tmp_path, 2, [devices_per_worker, 203, 10])
+def test_two_workers_match_single_device(fit_and_custom_loop_jobs, devices_per_worker):
+    directory, codes, outputs = fit_and_custom_loop_jobs(devices_per_worker)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    results = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
+    results = [json.loads((directory / f"worker{i}.json").read_text()) for i in range(2)]
     for result in results:
         assert result["num_replicas"] == 2 * devices_per_worker
         assert result["weight_diff"] <= 1e-5
@@ -87,12 +103,14 @@ def test_two_workers_tf_data_input_matches_single_device(tmp_path):
 
 
 @pytest.mark.parametrize("devices_per_worker", [1, 2])
-def test_two_workers_custom_loop_matches_single_device(tmp_path, devices_per_worker):
-    """The example's custom loop (run/reduce, partial last batch of 37)."""
-    codes, outputs = _run_job(tmp_path, 2, [devices_per_worker], worker=CUSTOM_WORKER)
+def test_two_workers_custom_loop_matches_single_device(fit_and_custom_loop_jobs, devices_per_worker):
+    """The example's custom loop (run/reduce, partial last batch of 37), run
+    by the workers after their fit (the same strategy, as a user's script
+    that does both)."""
+    directory, codes, outputs = fit_and_custom_loop_jobs(devices_per_worker)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
     for index in range(2):
-        result = json.loads((tmp_path / f"worker{index}.json").read_text())
+        result = json.loads((directory / f"custom_worker{index}.json").read_text())
         assert result["num_replicas"] == 2 * devices_per_worker
         assert result["weight_diff"] <= 1e-5
         assert abs(result["loss"] - result["loss_ref"]) <= 1e-5

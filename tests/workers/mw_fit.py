@@ -2,13 +2,17 @@
 MultiWorkerMirroredStrategy and, on the same data, plain single-device Keras
 from the same initial weights; writes the comparison to OUT/worker<i>.json.
 
-argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks|callbacks+tensorboard|tfdata]
+argv: OUT_DIR DEVICES_PER_WORKER NUM_SAMPLES BATCH_SIZE [callbacks|callbacks+tensorboard|tfdata] [custom]
 With "callbacks", fit also runs Keras' file-writing callbacks on the user's
 paths in OUT_DIR/files (and a ScalingReport) with a progress bar, and saves the model there;
 "callbacks+tensorboard" adds TensorBoard (it writes with tf.summary: needs
 tensorflow, also on JAX). With "tfdata", every worker passes the same
 batched tf.data datasets instead of NumPy arrays (each worker reads its
-share: auto-shard by data).
+share: auto-shard by data). With "custom", the worker then also runs the
+custom training loop of examples/custom_loop_<backend>.py on the same
+strategy and under the default strategy (one device) from the same initial
+weights, and writes that comparison to OUT/custom_worker<i>.json (one job
+checks both, instead of one job each).
 """
 
 import json
@@ -16,6 +20,8 @@ import os
 import sys
 
 out_dir, devices, num_samples, batch_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+run_custom_loop = "custom" in sys.argv[5:]
+mode = [arg for arg in sys.argv[5:] if arg != "custom"]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
@@ -67,8 +73,8 @@ reference = make()
 reference.set_weights(initial)
 compile_model(reference)
 
-with_callbacks = sys.argv[5:] in (["callbacks"], ["callbacks+tensorboard"])
-if sys.argv[5:] == ["tfdata"]:
+with_callbacks = mode in (["callbacks"], ["callbacks+tensorboard"])
+if mode == ["tfdata"]:
     import tensorflow as tf
 
     def inputs(*arrays):
@@ -90,7 +96,7 @@ if with_callbacks:
         keras.callbacks.CSVLogger(os.path.join(files, "log.csv")),
         keras.callbacks.BackupAndRestore(os.path.join(files, "backup"), delete_checkpoint=False),
     ]
-    if sys.argv[5:] == ["callbacks+tensorboard"]:
+    if mode == ["callbacks+tensorboard"]:
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(files, "logs")))
     callbacks.append(keras_dist.callbacks.ScalingReport(plot_path=os.path.join(files, "scaling.png")))
 fit = model.fit(
@@ -125,8 +131,30 @@ if keras.backend.backend() == "jax":  # which program an even batch trains throu
     even = (x[: strategy.num_replicas_in_sync], y[: strategy.num_replicas_in_sync])
     result["even_batch_per_replica"] = step.program_for(even)[0] is step.replica_program
     result["gloo_event_loops_idle"] = [os.sched_getscheduler(t) == os.SCHED_IDLE for t in _gloo.gloo_event_loop_threads()]
-path = os.path.join(out_dir, f"worker{index}.json")
-with open(path + ".tmp", "w") as handle:
-    json.dump(result, handle)
-os.replace(path + ".tmp", path)
-print(json.dumps(result))
+
+
+def write(name, result):
+    path = os.path.join(out_dir, name)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(result, handle)
+    os.replace(path + ".tmp", path)
+    print(json.dumps(result))
+
+
+write(f"worker{index}.json", result)
+
+if run_custom_loop:  # the example's custom loop (run/reduce, partial last batch of 37)
+    import importlib
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples"))
+    example = importlib.import_module(f"custom_loop_{keras.config.backend()}")
+    data = example.load_data()
+    custom_model, history = example.train(strategy, "multi-worker", data, 1)
+    single, single_history = example.train(keras_dist.get_strategy(), "single", data, 1)
+    write(f"custom_worker{index}.json", {
+        "worker": index,
+        "num_replicas": strategy.num_replicas_in_sync,
+        "weight_diff": example.max_weight_diff(custom_model, single),
+        "loss": history[-1],
+        "loss_ref": single_history[-1],
+    })

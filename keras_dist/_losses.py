@@ -61,10 +61,30 @@ def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size
 
 
 def scale_regularization_loss(regularization_loss):
-    """Divides a regularization loss by the number of replicas in sync.
+    """The sum of a regularization loss, divided by the replicas in sync.
 
-    Each replica adds it; summed over replicas it counts once.
+    Each replica adds it; summed over replicas it counts once. As
+    `tf.nn.scale_regularization_loss`, a list or tuple of losses (such as
+    `model.losses`) is added up first, and a tensor is summed to a scalar.
+
+    ```python
+    loss = keras_dist.compute_average_loss(per_example)
+    loss += keras_dist.scale_regularization_loss(model.losses)
+    ```
     """
     context = _replica_context("scale_regularization_loss")
-    loss = keras.ops.convert_to_tensor(regularization_loss)
+    if isinstance(regularization_loss, (list, tuple)):
+        if not regularization_loss:
+            raise ValueError(
+                "scale_regularization_loss got an empty list: there is no "
+                "regularization loss to scale. Add it only when the list "
+                "has terms (e.g. `if model.losses:`)."
+            )
+        terms = [keras.ops.convert_to_tensor(term) for term in regularization_loss]
+        loss = terms[0]
+        for term in terms[1:]:
+            loss = loss + term
+    else:
+        loss = keras.ops.convert_to_tensor(regularization_loss)
+    loss = keras.ops.sum(loss)
     return loss / keras.ops.cast(context.num_replicas_in_sync, loss.dtype)

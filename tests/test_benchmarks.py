@@ -28,6 +28,7 @@ def _run_quick(script, output, *options, timeout=300):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow("five benchmark configurations, each in a fresh process as `make bench` runs them (plain Keras, one device, Mirrored x1 and x2, the backend's native path)")
 @pytest.mark.starts_processes
 def test_quick_benchmark_run(tmp_path):
     _run_quick("run.py", tmp_path, "--backends", BACKEND, timeout=600)
@@ -44,6 +45,7 @@ def test_quick_benchmark_run(tmp_path):
     assert (tmp_path / "results" / "step_time.quick.png").stat().st_size > 0
 
 
+@pytest.mark.slow("a 1-worker and a 2-worker job, each worker pinned to one core")
 @pytest.mark.starts_processes
 def test_quick_weak_scaling_run(tmp_path):
     """P3's harness: a one-worker and a two-worker job, each pinned to a core."""
@@ -56,6 +58,7 @@ def test_quick_weak_scaling_run(tmp_path):
     assert f"| {BACKEND} |" in (tmp_path / "WEAK_SCALING.quick.md").read_text()
 
 
+@pytest.mark.slow("2-worker jobs for the DATA, FILE and OFF policies and plain Keras, each worker importing JAX and TensorFlow")
 @pytest.mark.starts_processes
 @pytest.mark.needs_tensorflow
 def test_quick_per_worker_input_run(tmp_path):

@@ -289,6 +289,33 @@ def test_compute_average_loss_and_regularization(mirrored):
     assert float(keras_dist.compute_average_loss(np.array([1.0, 2.0, 6.0], "float32"))) == pytest.approx(3.0)
 
 
+def test_scale_regularization_loss_sums_a_list_as_tf_does(mirrored):
+    """tf.nn.scale_regularization_loss adds up a list of losses (model.losses)
+    and sums a tensor before dividing; keras_dist returned the list itself,
+    divided term by term (a data gradient scaled silently on TF, jax.grad
+    failing on JAX)."""
+    strategy = mirrored(4)
+    terms = [keras.ops.convert_to_tensor(1.0), keras.ops.convert_to_tensor(3.0)]
+
+    def step():
+        return (
+            keras_dist.scale_regularization_loss(terms),
+            keras_dist.scale_regularization_loss(tuple(terms)),
+            keras_dist.scale_regularization_loss(keras.ops.convert_to_tensor([1.5, 2.5])),
+        )
+
+    as_list, as_tuple, as_vector = strategy.run(step)
+    for value in (as_list, as_tuple, as_vector):
+        assert [float(v) for v in _replica_values(strategy, value)] == [1.0] * 4
+    if BACKEND == "tensorflow":  # tf's own, in the same replica context: the oracle
+        import tensorflow as tf
+
+        theirs = strategy.run(lambda: tf.nn.scale_regularization_loss([tf.constant(1.0), tf.constant(3.0)]))
+        assert [float(v) for v in _replica_values(strategy, theirs)] == [1.0] * 4
+    with pytest.raises(ValueError, match="empty list"):
+        strategy.run(lambda: keras_dist.scale_regularization_loss([]))
+
+
 @pytest.mark.parametrize("reduction", ["sum_over_batch_size", "mean"])
 def test_averaging_loss_in_replica_context_is_an_error(mirrored, reduction):
     strategy = mirrored(2)

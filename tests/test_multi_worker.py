@@ -69,6 +69,7 @@ def fit_and_custom_loop_jobs(tmp_path_factory):
     return jobs
 
 
+@pytest.mark.slow("starts the module's shared job for its device count (fit, evaluate, predict, then the custom loop, against one device)")
 @pytest.mark.parametrize("devices_per_worker", [1, 2])
 def test_two_workers_match_single_device(fit_and_custom_loop_jobs, devices_per_worker):
     directory, codes, outputs = fit_and_custom_loop_jobs(devices_per_worker)
@@ -90,6 +91,7 @@ def test_two_workers_match_single_device(fit_and_custom_loop_jobs, devices_per_w
     assert [r["should_checkpoint"] for r in results] == [True, False]
 
 
+@pytest.mark.slow("2 workers x 2 devices with tf.data input; on JAX each worker imports JAX and TensorFlow")
 @pytest.mark.needs_tensorflow
 def test_two_workers_tf_data_input_matches_single_device(tmp_path):
     codes, outputs = _run_job(tmp_path, 2, [2, 203, 10, "tfdata"])

@@ -64,6 +64,7 @@ def two_workers_two_ps(tmp_path_factory):
     return _job(tmp_path_factory.mktemp("ps-2w-2ps"), 2, 2, "loop:60,fit:32,replay:30", timeout=300)
 
 
+@pytest.mark.slow("starts the module's shared 1-worker + 1-ps job (4 modes, each against one device)")
 @tf_engine
 def test_one_worker_matches_single_device_step_for_step(one_worker_one_ps):
     report = one_worker_one_ps["loop"]
@@ -104,6 +105,7 @@ def test_partitioned_variables_fit_two_workers_two_ps(tmp_path):
     assert report["evaluate"]["accuracy"] >= report["single_device_accuracy"] - 0.06, report
 
 
+@pytest.mark.slow("starts the module's shared 2-worker + 2-ps job (loop, fit with callbacks and a single-device reference, replay)")
 @tf_engine
 def test_two_workers_two_ps_no_lost_update_and_every_variable_on_a_ps(two_workers_two_ps):
     report = two_workers_two_ps["loop"]

@@ -1,0 +1,95 @@
+"""The suite's own tools: the durations record and report, and --quick's
+guard that keeps the `starts_processes` marker true."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import durations
+
+TESTS = Path(__file__).resolve().parent
+
+_PROBE_TESTS = textwrap.dedent(
+    """
+    import subprocess, sys
+    import pytest
+
+    def test_in_process():
+        assert 1 + 1 == 2
+
+    @pytest.mark.starts_processes
+    def test_marked_and_starts_one():
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+    @pytest.mark.slow("it says why")
+    def test_unmarked_but_starts_one():
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    """
+)
+
+
+def _run_probe(tmp_path, *options, **env):
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["_suite_plugin"]\n')
+    (tmp_path / "test_probe.py").write_text(_PROBE_TESTS)
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    starts_processes: x\n    slow(why): x\naddopts = -p no:cacheprovider\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", *options, str(tmp_path)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.starts_processes
+def test_quick_leaves_marked_tests_out_and_fails_an_unmarked_one_that_starts_a_process(tmp_path):
+    done = _run_probe(tmp_path, "--quick")
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "1 failed, 1 passed, 1 deselected" in output, output
+    assert "test_unmarked_but_starts_one started a process: mark it @pytest.mark.starts_processes" in output, output
+
+
+@pytest.mark.starts_processes
+def test_without_quick_everything_runs_and_the_record_has_every_test(tmp_path):
+    record = tmp_path / "record.json"
+    done = _run_probe(tmp_path, KERAS_DIST_DURATIONS=str(record))
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(record.read_text())
+    assert data["run"] == "record" and data["wall_seconds"] > 0
+    tests = {t["id"].split("::")[1]: t for t in data["tests"]}
+    assert sorted(tests) == ["test_in_process", "test_marked_and_starts_one", "test_unmarked_but_starts_one"]
+    assert all(t["outcome"] == "passed" and t["seconds"] >= 0 for t in tests.values())
+    assert tests["test_marked_and_starts_one"]["markers"] == {"starts_processes": ""}
+    assert tests["test_unmarked_but_starts_one"]["markers"] == {"slow": "it says why"}
+    assert not (tmp_path / "record.json.tmp").exists()
+
+
+def _test(nodeid, seconds, outcome="passed", **markers):
+    return {"id": nodeid, "seconds": seconds, "outcome": outcome, "markers": markers}
+
+
+def test_report_totals_files_and_tests_over_a_minute_with_their_reasons():
+    runs = [
+        {"run": "jax", "wall_seconds": 150.0, "tests": [
+            _test("tests/test_a.py::test_one", 90.0, slow="starts a job"),
+            _test("tests/test_a.py::test_two", 0.5),
+            _test("tests/test_b.py::test_three", 61.0, starts_processes=""),
+            _test("tests/test_b.py::test_four", 0.0, outcome="skipped"),
+        ]},
+    ]
+    text = durations.report(runs)
+    assert "| jax | 4 | 3 | 1 | 2.5 | 2.5 |" in text
+    assert "| 90 | jax | `tests/test_a.py::test_one` | starts a job |" in text
+    assert "| 61 | jax | `tests/test_b.py::test_three` | **no reason given" in text
+    assert "| tests/test_a.py | 2 | 90 |" in text and "| tests/test_b.py | 2 | 61 |" in text
+    assert "| 61.0 | `tests/test_b.py::test_three` | yes |" in text
+    assert "test_two" not in text  # under a second: counted, not listed

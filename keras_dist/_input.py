@@ -381,6 +381,32 @@ def check_dataset(dataset: Any) -> None:
         )
 
 
+def check_same_rows(batch: Any, what: str = "experimental_distribute_dataset") -> Any:
+    """`batch` itself, if every array in it has the same number of rows;
+    else one clear error (each replica takes the same rows of every array,
+    so arrays of different lengths would pair the wrong rows).
+
+    >>> import numpy as np
+    >>> check_same_rows((np.zeros((4, 2)), np.zeros(4)))[1].shape
+    (4,)
+    """
+    import keras
+
+    rows = []
+    for leaf in keras.tree.flatten(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) >= 1 and shape[0] is not None:
+            rows.append(int(shape[0]))
+    if len(set(rows)) > 1:
+        raise ValueError(
+            f"{what} got a batch whose arrays have different numbers of rows "
+            f"({', '.join(map(str, rows))}): each replica takes the same rows of "
+            "every array, so they would be paired wrongly. Give every array of a "
+            "batch one row per example (e.g. x[:10] with y[:10], not y[:9])."
+        )
+    return batch
+
+
 class OptionalValue:
     """What `DistributedIterator.get_next_as_optional` returns: a value, or
     none at the end of the data (tf.experimental.Optional's methods).

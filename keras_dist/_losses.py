@@ -68,8 +68,10 @@ def scale_regularization_loss(regularization_loss):
     `model.losses`) is added up first, and a tensor is summed to a scalar.
 
     ```python
+    per_example = keras.losses.binary_crossentropy(y, model(x))
+    penalties = [0.01 * keras.ops.sum(w ** 2) for w in model.trainable_weights]
     loss = keras_dist.compute_average_loss(per_example)
-    loss += keras_dist.scale_regularization_loss(model.losses)
+    loss += keras_dist.scale_regularization_loss(penalties)
     ```
     """
     context = _replica_context("scale_regularization_loss")

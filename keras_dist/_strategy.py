@@ -327,6 +327,7 @@ class Strategy:
             WorkerBatches,
             check_batched,
             check_dataset,
+            check_same_rows,
         )
         from keras_dist import _tf_data
 
@@ -361,7 +362,7 @@ class Strategy:
         _check_host_input_options("experimental_distribute_dataset", options)
         return DistributedDataset(
             lambda: adapter.iterate_batches(dataset),
-            lambda batch: adapter.split_global_batch(engine, batch),
+            lambda batch: adapter.split_global_batch(engine, check_same_rows(batch)),
             self._element_spec,
             options.experimental_per_replica_buffer_size,
         )

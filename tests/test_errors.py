@@ -358,3 +358,24 @@ def test_apply_gradients_in_cross_replica_context(mirrored):
         np.testing.assert_array_equal(before, after)
     optimizer.apply_gradients(zip(gradients, variables))  # outside any scope
     assert int(optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("num_replicas", [2, 4])
+def test_a_batch_whose_arrays_differ_in_rows_is_refused(mirrored, num_replicas):
+    """x[:10] with y[:9] used to be split 3,3,2,2 and 3,2,2,2 on 4 replicas:
+    replica 1 paired x's rows 3-5 with y's rows 3-4. One clear error when the
+    batch is reached, before any replica sees it; good batches before it are
+    given out as usual."""
+    strategy = mirrored(num_replicas)
+    x = np.arange(20, dtype="float32").reshape(10, 2)
+    y = np.arange(10, dtype="float32")
+    dataset = strategy.experimental_distribute_dataset([(x, y), (x, y[:9])])
+    iterator = iter(dataset)
+    first = next(iterator)
+    rows = [len(np.asarray(part)) for part in strategy.experimental_local_results(first[1])]
+    assert sum(rows) == 10
+    with pytest.raises(ValueError, match=r"different numbers of rows \(10, 9\).*y\[:10\]"):
+        next(iterator)
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        for _ in strategy.experimental_distribute_dataset([{"a": x[:4], "b": y[:5]}]):
+            pass

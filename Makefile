@@ -95,7 +95,7 @@ test-stream-tf-in-process: test-tensorflow-in-process
 test-stream-tf-processes: test-tensorflow-processes
 test-stream-mixed: test-jax-with-tensorflow test-keras-min-jax test-keras-min-tensorflow
 
-# The inner loop (about 4 min): the tests that start no process (no
+# The inner loop (about 5 min): the tests that start no process (no
 # subprocess, no multi-process job, no Ray), on one backend (JAX unless
 # KERAS_BACKEND says otherwise); a test that starts one anyway fails, naming
 # the `starts_processes` marker it needs.

@@ -1,6 +1,6 @@
 """Write tests/DURATIONS.md from the durations files of a `make test` run.
 
-Usage: python tests/durations.py OUT.md FILE.json [FILE.json ...]
+Usage: python tests/durations.py [--header TEXT] OUT.md FILE.json [FILE.json ...]
 
 Each FILE.json is one pytest run's record (`KERAS_DIST_DURATIONS`, written by
 tests/_suite_plugin.py): its wall time and every test's seconds. The report
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -24,7 +25,32 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def report(runs: list[dict], header: str = "") -> str:
+_SLOW = re.compile(r'^@pytest\.mark\.slow\(\s*"((?:[^"\\]|\\.)*)"\s*\)\s*$', re.M)
+
+
+def _reason_in_source(nodeid: str, root: str) -> str:
+    """The `slow("why")` written above the test's function in its file now
+    (a marker added after the run still counts), or ""."""
+    path = os.path.join(root, _file(nodeid))
+    name = nodeid.split("::")[-1].split("[", 1)[0]
+    try:
+        with open(path) as handle:
+            source = handle.read()
+    except OSError:
+        return ""
+    match = re.search(rf"^def {re.escape(name)}\(", source, re.M)
+    if match is None:
+        return ""
+    decorators = []
+    for line in reversed(source[: match.start()].split("\n")[:-1]):
+        if not line.strip() or not (line.startswith("@") or line.startswith((" ", ")"))):
+            break
+        decorators.insert(0, line)
+    found = _SLOW.search("\n".join(decorators))
+    return found.group(1) if found else ""
+
+
+def report(runs: list[dict], header: str = "", root: str = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> str:
     lines = [
         "# What each test costs",
         "",
@@ -50,7 +76,11 @@ def report(runs: list[dict], header: str = "") -> str:
     if over:
         lines += ["| s | run | test | why |", "|---:|---|---|---|"]
         for seconds, name, test in sorted(over, key=lambda o: -o[0]):
-            why = test["markers"].get("slow") or "**no reason given: mark it `slow(\"why\")` or make it cheaper**"
+            why = (
+                test["markers"].get("slow")
+                or _reason_in_source(test["id"], root)
+                or "**no reason given: mark it `slow(\"why\")` or make it cheaper**"
+            )
             lines.append(f"| {seconds:.0f} | {name} | `{test['id']}` | {why} |")
     else:
         lines.append("None.")
@@ -73,6 +103,9 @@ def report(runs: list[dict], header: str = "") -> str:
 
 
 def main(argv: list[str]) -> int:
+    header = ""
+    if len(argv) > 2 and argv[1] == "--header":  # a line saying which run this is
+        header, argv = argv[2], argv[:1] + argv[3:]
     if len(argv) < 3:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
@@ -81,7 +114,7 @@ def main(argv: list[str]) -> int:
     for path in paths:
         with open(path) as handle:
             runs.append(json.load(handle))
-    text = report(runs)
+    text = report(runs, header)
     tmp = f"{out}.tmp"
     with open(tmp, "w") as handle:
         handle.write(text)

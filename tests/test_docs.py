@@ -155,6 +155,7 @@ def _guide_runs() -> list:
     return runs
 
 
+@pytest.mark.slow("each guide's python blocks run as one script in a fresh process (distributed_training.md: 25 blocks, several strategies)")
 @pytest.mark.starts_processes
 @pytest.mark.parametrize("guide, tensorflow", _guide_runs())
 def test_guide_python_blocks_run(guide, tensorflow, tmp_path):

@@ -552,6 +552,7 @@ _PLAIN_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow("a fresh Python process trains plain Keras (keras_dist never imported) for the bit-for-bit comparison")
 @pytest.mark.starts_processes
 def test_code_outside_a_strategy_is_plain_keras_bit_for_bit(tmp_path):
     script = tmp_path / "plain.py"

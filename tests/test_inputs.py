@@ -24,6 +24,7 @@ def _fit_both(reference, distributed, make_input, **fit_kwargs):
     assert_same_weights(reference, distributed)
 
 
+@pytest.mark.slow("about 15 s alone, over 60 under make test's four streams: fit, evaluate and predict, one device and Mirrored(4) with BatchNorm, on tf.data")
 @pytest.mark.needs_tensorflow
 def test_tf_data_dataset(mirrored):
     import tensorflow as tf
@@ -56,6 +57,7 @@ class _Batches(keras.utils.PyDataset):
         return self.x[rows], self.y[rows]
 
 
+@pytest.mark.slow("about 10 s alone, over 60 under make test's four streams: fit and evaluate, one device and Mirrored(4), on a PyDataset")
 def test_py_dataset(mirrored):
     x, y = make_data(NUM_SAMPLES)
     reference, distributed = twin(mirrored(4))

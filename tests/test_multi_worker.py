@@ -125,6 +125,7 @@ if BACKEND == "jax":
     TENSORBOARD.append(pytest.param(False, id="no-tensorboard"))
 
 
+@pytest.mark.slow("a 2-worker job with every file-writing callback, a progress bar and a ScalingReport plot")
 @pytest.mark.parametrize("tensorboard", TENSORBOARD)
 def test_only_the_chief_writes_files_and_prints_progress(tmp_path, tensorboard):
     private_tmp = tmp_path / "tmp"
@@ -222,6 +223,7 @@ def _write_csv_parts(directory, sizes, seed=0):
         (directory / f"part-{number}.csv").write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow("a 2-worker job per policy (on JAX each worker imports JAX and TensorFlow): fit with validation, evaluate and a custom loop on per-worker tf.data streams, against one device")
 @pytest.mark.needs_tensorflow
 @pytest.mark.parametrize(
     "policy,devices_per_worker", [("FILE", 2), ("OFF", 1), ("HINT", 1)], ids=["FILE-2dev", "OFF-1dev", "HINT-1dev"]

@@ -543,6 +543,7 @@ def _error_of(remote_value):
     return None
 
 
+@pytest.mark.slow("each Ray worker actor imports TensorFlow to build its own tf.data pipeline")
 @pytest.mark.needs_tensorflow
 def test_a_tf_data_dataset_made_and_iterated_on_each_worker(one_one):
     strategy, coordinator = one_one

@@ -85,12 +85,14 @@ def _hashes(command, runs, timeout=600):
     return found
 
 
+@pytest.mark.slow("RUNS (10) fresh runs of examples/digits_cnn.py, two at a time, each hashed (make test-stress only)")
 def test_single_process_mirrored_is_bitwise_reproducible_under_load():
     hashes = _hashes([sys.executable, "examples/digits_cnn.py", "--epochs", "1"], RUNS)
     assert all(len(h) == 1 for h in hashes), hashes
     assert len({h[0] for h in hashes}) == 1, hashes
 
 
+@pytest.mark.slow("RUNS (10) launches of the 2-worker example, two at a time, each hashed (make test-stress only)")
 def test_multi_worker_example_is_bitwise_reproducible_under_load():
     command = [
         sys.executable, "-m", "keras_dist.launch", "launch", "-n", "2", "--timeout", "400",
@@ -101,6 +103,7 @@ def test_multi_worker_example_is_bitwise_reproducible_under_load():
     assert len({h[0] for h in hashes}) == 1, hashes
 
 
+@pytest.mark.slow("3 runs of 2000 pushes on 4 simulated devices beside 4 busy processes (make test-stress only)")
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's CPU client is JAX's engine")
 def test_simulated_devices_never_deadlock_xla_under_load(heavy_cpu_hogs):
     """4 simulated devices under heavy load, pushed as `fit` pushes them

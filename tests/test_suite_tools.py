@@ -93,3 +93,15 @@ def test_report_totals_files_and_tests_over_a_minute_with_their_reasons():
     assert "| tests/test_a.py | 2 | 90 |" in text and "| tests/test_b.py | 2 | 61 |" in text
     assert "| 61.0 | `tests/test_b.py::test_three` | yes |" in text
     assert "test_two" not in text  # under a second: counted, not listed
+
+
+def test_a_reason_is_read_from_the_test_s_source_when_the_record_has_none():
+    root = str(TESTS.parent)
+    assert "fresh process" in durations._reason_in_source(
+        "tests/test_benchmarks.py::test_quick_benchmark_run", root
+    )
+    assert "shared job" in durations._reason_in_source(
+        "tests/test_multi_worker.py::test_two_workers_match_single_device[2]", root
+    )
+    assert durations._reason_in_source("tests/test_suite_tools.py::test_report_totals_files_and_tests_over_a_minute_with_their_reasons", root) == ""
+    assert durations._reason_in_source("tests/no_such_file.py::test_x", root) == ""

@@ -138,35 +138,34 @@ test-tensorflow-in-process: install-tensorflow
 test-tensorflow-processes: install-tensorflow
 	$(call TF_TESTS,processes,starts_processes)
 
-# Same answer every time: the examples repeated under CPU load, every run's
-# weights hashed (slow; CI runs it after `make test`). The two backends run
-# side by side: each one's runs are the other's load (with one busy process
-# more, for a load of about 3-4 on 2 cores; see tests/test_stress.py).
-test-stress: install
-	@rm -rf $(TEST_LOGS)/stress-*.log $(TEST_LOGS)/durations/stress-*.json; mkdir -p $(TEST_LOGS)/durations; \
+# $(call both-backends,NAME,PYTEST ARGUMENTS): one pytest run per backend,
+# side by side, each into .test-logs/NAME-<backend>.log (and its durations
+# record), both logs printed at the end; fails if either failed.
+define both-backends
+	@rm -rf $(TEST_LOGS)/$(1)-*.log $(TEST_LOGS)/durations/$(1)-*.json; mkdir -p $(TEST_LOGS)/durations; \
 	for backend in jax tensorflow; do \
-	  KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/stress-$$backend.json KERAS_BACKEND=$$backend \
-	    $(PYTEST) tests/test_stress.py -m stress > $(TEST_LOGS)/stress-$$backend.log 2>&1 & \
+	  KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1)-$$backend.json KERAS_BACKEND=$$backend \
+	    $(PYTEST) $(2) > $(TEST_LOGS)/$(1)-$$backend.log 2>&1 & \
 	  eval "pid_$$backend=$$!"; \
 	done; \
 	status=0; wait $$pid_jax || status=1; wait $$pid_tensorflow || status=1; \
-	for backend in jax tensorflow; do echo "===== test-stress, $$backend"; cat $(TEST_LOGS)/stress-$$backend.log; done; \
+	for backend in jax tensorflow; do echo "===== test-$(1), $$backend"; cat $(TEST_LOGS)/$(1)-$$backend.log; done; \
 	exit $$status
+endef
+
+# Same answer every time: the examples repeated under CPU load, every run's
+# weights hashed (slow; CI runs it after `make test`). The runs go two at a
+# time, each the other's load, and the two backends side by side (a load of
+# 3-4 on 2 cores; see tests/test_stress.py).
+test-stress: install
+	$(call both-backends,stress,tests/test_stress.py -m stress)
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a
 # timeout, so the two backends run side by side (the bound each check
 # allows past the timeout is unchanged).
 test-faults: install
-	@rm -rf $(TEST_LOGS)/faults-*.log $(TEST_LOGS)/durations/faults-*.json; mkdir -p $(TEST_LOGS)/durations; \
-	for backend in jax tensorflow; do \
-	  KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/faults-$$backend.json KERAS_BACKEND=$$backend \
-	    $(PYTEST) tests/test_fault_phases.py -m faults > $(TEST_LOGS)/faults-$$backend.log 2>&1 & \
-	  eval "pid_$$backend=$$!"; \
-	done; \
-	status=0; wait $$pid_jax || status=1; wait $$pid_tensorflow || status=1; \
-	for backend in jax tensorflow; do echo "===== test-faults, $$backend"; cat $(TEST_LOGS)/faults-$$backend.log; done; \
-	exit $$status
+	$(call both-backends,faults,tests/test_fault_phases.py -m faults)
 
 # The oldest supported Keras, overlaid on the same environment.
 $(KERAS_MIN_DIR)/.installed: $(STAMP)

@@ -140,6 +140,15 @@ def custom_loop(n):
     return model
 
 
+def single_device_accuracy(epochs, steps):
+    """Accuracy of the same model fit with Adam on one device (the band an
+    asynchronous run must land in)."""
+    reference = make_model()
+    reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
+    reference.fit(dataset_fn(), epochs=epochs, steps_per_epoch=steps, verbose=0)
+    return reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+
+
 def single_device_weights(n):
     model = make_model()
     optimizer = make_optimizer()
@@ -183,10 +192,7 @@ for mode, steps in JOBS:
         report["evaluate"] = model.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
         report["predict_shape"] = list(model.predict(X, batch_size=32, verbose=0).shape)
         report["files"] = sorted(os.listdir(files))
-        reference = make_model()
-        reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
-        reference.fit(dataset_fn(), epochs=4, steps_per_epoch=steps, verbose=0)
-        report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+        report["single_device_accuracy"] = single_device_accuracy(epochs=4, steps=steps)
     elif mode == "fit-loop-inside":
         # steps_per_execution 4: each scheduled function runs 4 train steps in a
         # tf.while_loop, its writes numbered per run (not per traced op)
@@ -219,10 +225,7 @@ for mode, steps in JOBS:
         model.fit(keras_dist.experimental.DatasetCreator(dataset_fn), epochs=3, steps_per_epoch=steps, verbose=0)
         report["iterations"] = int(model.optimizer.iterations.numpy())
         report["evaluate"] = model.evaluate(X, Y, batch_size=32, verbose=0, return_dict=True)
-        reference = make_model()
-        reference.compile(optimizer=keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["accuracy"])
-        reference.fit(dataset_fn(), epochs=3, steps_per_epoch=steps, verbose=0)
-        report["single_device_accuracy"] = reference.evaluate(X, Y, verbose=0, return_dict=True)["accuracy"]
+        report["single_device_accuracy"] = single_device_accuracy(epochs=3, steps=steps)
     elif mode == "bad-inputs":
         with strategy.scope():
             model = make_model()

@@ -360,13 +360,25 @@ def test_apply_gradients_in_cross_replica_context(mirrored):
     assert int(optimizer.iterations.numpy()) == 1
 
 
-@pytest.mark.parametrize("num_replicas", [2, 4])
-def test_a_batch_whose_arrays_differ_in_rows_is_refused(mirrored, num_replicas):
+DEVICES = [f"cpu:{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda: keras_dist.OneDeviceStrategy("cpu:0"),
+        lambda: keras_dist.MirroredStrategy(DEVICES[:2]),
+        lambda: keras_dist.MirroredStrategy(DEVICES),
+        lambda: keras_dist.CentralStorageStrategy(DEVICES),
+    ],
+    ids=["one-device", "mirrored-2", "mirrored-4", "central-storage-4"],
+)
+def test_a_batch_whose_arrays_differ_in_rows_is_refused(make_strategy):
     """x[:10] with y[:9] used to be split 3,3,2,2 and 3,2,2,2 on 4 replicas:
     replica 1 paired x's rows 3-5 with y's rows 3-4. One clear error when the
     batch is reached, before any replica sees it; good batches before it are
     given out as usual."""
-    strategy = mirrored(num_replicas)
+    strategy = make_strategy()
     x = np.arange(20, dtype="float32").reshape(10, 2)
     y = np.arange(10, dtype="float32")
     dataset = strategy.experimental_distribute_dataset([(x, y), (x, y[:9])])

@@ -53,7 +53,7 @@ demo: install
 
 # Each backend runs in its own pytest processes (the backend is fixed per
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
-# `".[tensorflow]"` gives it. Three streams run side by side, each into its
+# `".[tensorflow]"` gives it. Four streams run side by side, each into its
 # own log, printed when all are done; every part always runs, and the target
 # fails if any failed. The streams are sized from tests/DURATIONS.md so that
 # none waits long on another:
@@ -62,8 +62,8 @@ demo: install
 #   tf-processes:   the TensorFlow tests that start processes (.venv-tensorflow)
 #   mixed:          JAX's needs_tensorflow tests, then the oldest Keras on both
 #                   backends (.venv + .venv-keras-min)
-# Each venv is built first, the three at once (the two TensorFlow streams
-# share one), then the four streams start.
+# The venvs are built first, all at once (the two TensorFlow streams share
+# one), then the four streams start.
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs

@@ -381,7 +381,7 @@ def check_dataset(dataset: Any) -> None:
         )
 
 
-def check_same_rows(batch: Any, what: str = "experimental_distribute_dataset") -> Any:
+def check_same_rows(batch: Any) -> Any:
     """`batch` itself, if every array in it has the same number of rows;
     else one clear error (each replica takes the same rows of every array,
     so arrays of different lengths would pair the wrong rows).
@@ -399,7 +399,7 @@ def check_same_rows(batch: Any, what: str = "experimental_distribute_dataset") -
             rows.append(int(shape[0]))
     if len(set(rows)) > 1:
         raise ValueError(
-            f"{what} got a batch whose arrays have different numbers of rows "
+            "experimental_distribute_dataset got a batch whose arrays have different numbers of rows "
             f"({', '.join(map(str, rows))}): each replica takes the same rows of "
             "every array, so they would be paired wrongly. Give every array of a "
             "batch one row per example (e.g. x[:10] with y[:10], not y[:9])."

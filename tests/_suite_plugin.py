@@ -74,16 +74,22 @@ class _Durations:
 def pytest_configure(config):
     path = os.environ.get("KERAS_DIST_DURATIONS")
     if path:
-        run = os.environ.get("KERAS_DIST_DURATIONS_RUN") or os.path.splitext(os.path.basename(path))[0]
+        run = os.path.splitext(os.path.basename(path))[0]
         config.pluginmanager.register(_Durations(path, run), "keras_dist_durations")
 
 
-def pytest_collection_modifyitems(config, items):
-    if not config.getoption("--quick"):
-        return
-    kept = [item for item in items if item.get_closest_marker("starts_processes") is None]
-    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+def keep_only(config, items, keep) -> None:
+    """Leave in `items` those for which `keep(item)`; report the rest deselected."""
+    kept, dropped = [], []
+    for item in items:
+        (kept if keep(item) else dropped).append(item)
+    config.hook.pytest_deselected(items=dropped)
     items[:] = kept
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--quick"):
+        keep_only(config, items, lambda item: item.get_closest_marker("starts_processes") is None)
 
 
 class ProcessStarted(RuntimeError):

@@ -21,14 +21,16 @@ import pytest  # noqa: E402
 import keras_dist  # noqa: E402
 
 pytest_plugins = ["_suite_plugin"]  # durations file, --quick (make test-quick)
+from _suite_plugin import keep_only  # noqa: E402
 
 NUM_DEVICES = 4
 keras_dist.simulate_cpu_devices(NUM_DEVICES)
 
 BACKEND = keras.config.backend()
 
-#: `make test` gives the JAX suites one persistent XLA compilation cache,
-#: new for each run (`.test-logs/jax-cache`), in this pytest process only:
+#: `make test` gives the JAX pytest processes of each stream one persistent
+#: XLA compilation cache, new for each run (`.test-logs/jax-cache-<stream>`),
+#: used in the pytest process only:
 #: an XLA program identical to one an earlier test compiled (the same model,
 #: batch shapes and devices: each equivalence test's one-device reference,
 #: say) is loaded instead of compiled again. Everything above XLA (Keras,
@@ -65,14 +67,13 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     marker, package, target = OTHER_BACKEND.get(BACKEND, (None, None, None))
-    needs = [bool(marker and item.get_closest_marker(marker)) for item in items]
+    needs = {item.nodeid: bool(marker and item.get_closest_marker(marker)) for item in items}
     if config.getoption("--only-other-backend-tests"):
-        config.hook.pytest_deselected(items=[item for item, need in zip(items, needs) if not need])
-        items[:] = [item for item, need in zip(items, needs) if need]
-    elif any(needs) and importlib.util.find_spec(package) is None:
+        keep_only(config, items, lambda item: needs[item.nodeid])
+    elif any(needs.values()) and importlib.util.find_spec(package) is None:
         skip = pytest.mark.skip(reason=f"needs {package} in a {BACKEND} process, not installed here; `{target}` runs it")
-        for item, need in zip(items, needs):
-            if need:
+        for item in items:
+            if needs[item.nodeid]:
                 item.add_marker(skip)
 
 

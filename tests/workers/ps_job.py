@@ -91,14 +91,16 @@ def placement(variable):
     return [shard.device for shard in shards] if shards is not None else variable.value.device
 
 
-def custom_loop(n):
+def scheduled_training():
+    """The coordinator, a model, its optimizer (built in the scope), a
+    per-step counter, a per-worker iterator and the scheduled training step
+    of the loop modes."""
     coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         model = make_model()
         optimizer = make_optimizer()
         optimizer.build(model.trainable_variables)
         counter = keras.Variable(0.0, name="counter", trainable=False)
-    report["devices"] = {v.path: placement(v) for v in [*model.variables, *optimizer.variables, counter]}
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
     @tf.function
@@ -114,6 +116,12 @@ def custom_loop(n):
 
         return strategy.run(replica, args=(next(iterator),))
 
+    return coordinator, model, optimizer, counter, iterator, step
+
+
+def custom_loop(n):
+    coordinator, model, optimizer, counter, iterator, step = scheduled_training()
+    report["devices"] = {v.path: placement(v) for v in [*model.variables, *optimizer.variables, counter]}
     start = time.monotonic()
     gates = coordinator._engine._keras_dist_gates
     skipped_before = gates.skipped_writes  # earlier modes of this job ran on these gates too
@@ -266,26 +274,7 @@ for mode, steps in JOBS:
         report["built_optimizer"] = model.optimizer.built
     elif mode in ("kill", "ps-dies"):
         target = "worker" if mode == "kill" else "ps"
-        coordinator = keras_dist.coordinator.ClusterCoordinator(strategy)
-        with strategy.scope():
-            model = make_model()
-            optimizer = keras.optimizers.SGD(0.05)
-            optimizer.build(model.trainable_variables)
-            counter = keras.Variable(0.0, name="counter", trainable=False)
-        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-
-        @tf.function
-        def step(iterator):
-            def replica(batch):
-                x, y = batch
-                with tf.GradientTape() as tape:
-                    loss = keras.ops.mean(keras.losses.binary_crossentropy(y, model(x)))
-                optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-                counter.assign_add(1.0)
-                return loss
-
-            return strategy.run(replica, args=(next(iterator),))
-
+        coordinator, model, optimizer, counter, iterator, step = scheduled_training()  # SGD(0.05), no BatchNorm
         address = strategy.cluster_resolver.cluster_spec().task_address(target, 1 if target == "worker" else 0)
         port = address.rsplit(":", 1)[1]
         start = time.monotonic()

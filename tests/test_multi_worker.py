@@ -223,26 +223,33 @@ def _write_csv_parts(directory, sizes, seed=0):
         (directory / f"part-{number}.csv").write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.slow("a 2-worker job per policy (on JAX each worker imports JAX and TensorFlow): fit with validation, evaluate and a custom loop on per-worker tf.data streams, against one device")
+@pytest.fixture(scope="module")
+def autoshard_job(tmp_path_factory):
+    """One 2-worker job (2 devices per worker) that runs the FILE, OFF and
+    HINT policies in turn on one strategy (worker<i>.<POLICY>.json), made
+    once for this module."""
+    directory = tmp_path_factory.mktemp("autoshard")
+    # files of different sizes: under FILE (and HINT, where the dataset
+    # marks its files with shard(SHARD_HINT, SHARD_HINT)), worker 0 (parts 0, 2, 4) holds
+    # 72 rows, worker 1 (parts 1, 3) 28: it runs out first, and keeps joining
+    _write_csv_parts(directory / "data", [23, 17, 30, 11, 19])
+    return (directory, *_run_job(directory, 2, [2, "FILE,OFF,HINT"], timeout=360, worker=AUTOSHARD_WORKER))
+
+
+@pytest.mark.slow("the module's one 2-worker job for the three policies (on JAX each worker imports JAX and TensorFlow): fit with validation, evaluate and a custom loop on per-worker tf.data streams, against one device")
 @pytest.mark.needs_tensorflow
-@pytest.mark.parametrize(
-    "policy,devices_per_worker", [("FILE", 2), ("OFF", 1), ("HINT", 1)], ids=["FILE-2dev", "OFF-1dev", "HINT-1dev"]
-)
-def test_per_worker_auto_shard_policies_train_on_every_workers_rows(tmp_path, policy, devices_per_worker):
+@pytest.mark.parametrize("policy", ["FILE", "OFF", "HINT"])
+def test_per_worker_auto_shard_policies_train_on_every_workers_rows(autoshard_job, policy):
     """AutoShardPolicy FILE/OFF/HINT: each worker reads its own stream
     (tf's per-worker pipeline), a step's global batch is every worker's rows
     that step. fit (with validation), evaluate and a custom loop equal one
     device on those global batches; on TensorFlow each worker's rows equal
     what tf's own distributed dataset gives it."""
-    # files of different sizes: under FILE (and HINT, where the dataset
-    # marks its files with shard(SHARD_HINT, SHARD_HINT)), worker 0 (parts 0, 2, 4) holds
-    # 72 rows, worker 1 (parts 1, 3) 28: it runs out first, and keeps joining
-    _write_csv_parts(tmp_path / "data", [23, 17, 30, 11, 19])
-    codes, outputs = _run_job(tmp_path, 2, [devices_per_worker, policy], worker=AUTOSHARD_WORKER)
+    directory, codes, outputs = autoshard_job
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    results = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
+    results = [json.loads((directory / f"worker{i}.{policy}.json").read_text()) for i in range(2)]
     for result in results:
-        assert result["num_replicas"] == 2 * devices_per_worker
+        assert result["num_replicas"] == 4
         if policy in ("FILE", "HINT"):  # every example once, workers' streams uneven
             assert sum(result["global_rows"]) == 100 and result["stream_steps"] == [9, 4]
         else:  # OFF: every worker reads every file, each example twice

@@ -20,7 +20,7 @@ _local = threading.local()
 
 
 class Shard:
-    """Row counts (numbers or scalar tensors) of one replica's step."""
+    """Row counts (integers or integer scalar tensors) of one replica's step."""
 
     def __init__(self, local_rows: Any, global_rows: Any):
         self.local_rows = local_rows
@@ -46,7 +46,10 @@ def scale_factor(dtype):
     shard = getattr(_local, "shard", None)
     if shard is None:
         return None
-    return ops.cast(ops.divide_no_nan(shard.local_rows, shard.global_rows), dtype)
+    # the counts cast to the loss's dtype before dividing: a float64 loss
+    # gets a float64 share (a float32 one is 1e-8 off: a float64 model's
+    # step would be too)
+    return ops.divide_no_nan(ops.cast(shard.local_rows, dtype), ops.cast(shard.global_rows, dtype))
 
 
 def unscale_factor(dtype):
@@ -54,4 +57,4 @@ def unscale_factor(dtype):
     shard = getattr(_local, "shard", None)
     if shard is None:
         return None
-    return ops.cast(ops.divide_no_nan(shard.global_rows, shard.local_rows), dtype)
+    return ops.divide_no_nan(ops.cast(shard.global_rows, dtype), ops.cast(shard.local_rows, dtype))

@@ -211,6 +211,45 @@ def _step_probe(kind):
     return probe
 
 
+def _fit_probe(mirrored, optimizer, loss="binary_crossentropy", batch_size=10):
+    """fit for one epoch under Mirrored(4) on 43 rows: weights and logged loss."""
+    x, y = make_data(43)
+    with mirrored(4).scope():
+        model = mlp()
+        model.compile(optimizer=optimizer, loss=loss)
+    history = model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0).history
+    return model.get_weights(), history["loss"]
+
+
+def _probe_reduce_values(mirrored, tmp_path):
+    """A loss function returning its own mean, in per-replica steps: each
+    replica's scalar scaled by its share (Keras leaves it whole)."""
+    return _fit_probe(
+        mirrored, keras.optimizers.SGD(0.1), loss=lambda y, p: keras.ops.mean(keras.ops.square(y - p)), batch_size=8
+    )
+
+
+def _probe_clipped_sgd(mirrored, tmp_path):
+    """SGD with global_clipnorm: clipped after the sum over replicas, and
+    summed once (TensorFlow)."""
+    return _fit_probe(mirrored, keras.optimizers.SGD(0.1, global_clipnorm=0.01))
+
+
+def _probe_loss_scale_apply(mirrored, tmp_path):
+    """A LossScaleOptimizer in fit (TensorFlow calls its inner optimizer in
+    cross-replica context)."""
+    return _fit_probe(mirrored, keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, global_clipnorm=0.01)))
+
+
+def _probe_gradient_accumulation(mirrored, tmp_path):
+    """TensorFlow: gradient accumulation under a strategy is refused with
+    keras_dist's error (tf's own is a merge_call error)."""
+    try:
+        return _fit_probe(mirrored, keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    except (NotImplementedError, RuntimeError) as error:
+        return type(error).__name__
+
+
 def _probe_optimizer_apply(mirrored, tmp_path):
     """An optimizer applied in cross-replica context is refused, leaving the
     weights as they were; on TensorFlow, one first applied inside
@@ -388,6 +427,10 @@ PROBES = {
     "keras.src.backend.jax.distribution_lib:distribute_tensor": _probe_values_from_chief,
     **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
+    "keras.src.losses.loss:reduce_values": _probe_reduce_values,
+    "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.apply": _probe_loss_scale_apply,
+    "keras.src.optimizers.base_optimizer:BaseOptimizer._backend_apply_gradients": _probe_gradient_accumulation,
+    "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients": _probe_clipped_sgd,
     **{f"keras.src.backend.common.variables:Variable.{n}": _assign_delta_probe(n) for n in ("assign_add", "assign_sub")},
     "keras.src.backend.common.variables:Variable.assign": _probe_assign_on_ps,
     "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values": _probe_metrics_in_run,

@@ -597,15 +597,18 @@ def test_a_model_compiled_after_a_custom_loop_used_it_trains_with_fit_s_step(one
     assert int(model.optimizer.iterations) == 1
 
 
-def test_fit_on_one_worker_one_ps_equals_one_device_fit_logs_included(make_cluster):
+@pytest.mark.parametrize("steps_per_execution", [1, 4])
+def test_fit_on_one_worker_one_ps_equals_one_device_fit_logs_included(one_one, steps_per_execution):
     """`model.fit` through the core's parameter-server loop on JAX: with one
     worker (steps run one after another) the weights and every epoch's
     logs equal plain Keras' fit on the same batches; the logs are the
     metrics over all the epoch's batches (each step's metric changes are
-    added into the coordinator's metrics), not one batch's."""
+    added into the coordinator's metrics), not one batch's. With
+    `steps_per_execution=4` each scheduled function trains 4 batches (it
+    trained one, silently: a quarter of the steps)."""
     import itertools
 
-    strategy, _ = make_cluster(1, 1)
+    strategy, _ = one_one
     x, y = _task()
     batch, steps = 32, len(x) // 32
 
@@ -619,7 +622,12 @@ def test_fit_on_one_worker_one_ps_equals_one_device_fit_logs_included(make_clust
 
     with strategy.scope():
         model = _model()
-        model.compile(optimizer=keras.optimizers.SGD(0.2), loss="binary_crossentropy", metrics=["accuracy"])
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.2),
+            loss="binary_crossentropy",
+            metrics=["accuracy"],
+            steps_per_execution=steps_per_execution,
+        )
     reference = _reference(model, keras.optimizers.SGD(0.2))
     history = model.fit(keras_dist.experimental.DatasetCreator(dataset_fn), epochs=2, steps_per_epoch=steps, verbose=0)
     expected = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)

@@ -56,6 +56,11 @@ HOOKS: tuple = (
     # loss scaling and BatchNorm moments
     Hook(f"{_LOSS}.loss:Loss.__call__", _losses.wrap_loss_call, purpose="refuse per-replica averaging in run()"),
     Hook(
+        f"{_LOSS}.loss:reduce_values",
+        _losses.wrap_reduce_values,
+        purpose="replica step: a self-averaged scalar loss scaled like the rest; no rows: zero",
+    ),
+    Hook(
         f"{_LOSS}.loss:scale_loss_for_distribution",
         _losses.wrap_scale(scale_factor),
         purpose="replica step: scale by this replica's share of the global batch",
@@ -140,7 +145,25 @@ HOOKS: tuple = (
     Hook(
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
         _steps.wrap_optimizer_apply,
-        purpose="refuse cross-replica context; TF: build slots outside replicas in run(); a ps update in a scheduled function: once",
+        purpose="refuse cross-replica context; sum gradients over replicas before clipping; TF: build slots outside replicas in run(); a ps update in a scheduled function: once",
+    ),
+    Hook(
+        "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.apply",
+        _steps.wrap_loss_scale_apply,
+        _TF,
+        purpose="sum the gradients over replicas before the finite check and the inner optimizer",
+    ),
+    Hook(
+        "keras.src.optimizers.base_optimizer:BaseOptimizer._backend_apply_gradients",
+        _steps.wrap_backend_apply_gradients,
+        _TF,
+        purpose="gradient accumulation over several replicas: a clear error (tf cannot place its cond)",
+    ),
+    Hook(
+        "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
+        _steps.wrap_all_reduce_sum_gradients,
+        _TF,
+        purpose="gradients summed before clipping pass through (not summed twice)",
     ),
     Hook(
         f"{_TF_TRAINER}._maybe_symbolic_build",

@@ -62,6 +62,34 @@ def wrap_scale(factor):
     return make
 
 
+def wrap_reduce_values(original):
+    """Keras' `reduce_values` in a replica step, for the two shapes it
+    returns as they are:
+    - a scalar (a loss function that averages itself, e.g. ``lambda y, p:
+      ops.mean(ops.square(y - p))``): taken as this replica's mean, scaled
+      by its share of the global batch like any averaged loss (Keras leaves
+      it unscaled, so the replicas' summed gradients were `num_replicas`
+      times one device's);
+    - no rows (a replica with no rows of a global batch smaller than the
+      replica count): zero, its share (Keras gives back the empty values,
+      and the logged loss became NaN)."""
+
+    def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
+        reduced = original(values, sample_weight, reduction)
+        if reduction in (None, "none") or not _shard.in_replica_step():
+            return reduced
+        shape = tuple(values.shape)
+        if shape == (0,):  # a sum of nothing, still tied to the weights (zero gradients)
+            return keras.ops.sum(values)
+        if shape == () and reduction in _AVERAGING_REDUCTIONS:
+            # a replica with no rows: the function's mean of nothing is NaN; its share is 0
+            factor = _shard.scale_factor(reduced.dtype)
+            return keras.ops.where(factor > 0, reduced * factor, keras.ops.zeros_like(reduced))
+        return reduced
+
+    return reduce_values
+
+
 def wrap_moments(original):
     """BatchNormalization normalises with the global batch's moments in a
     replica step of `fit` and inside `strategy.run` (as

@@ -11,6 +11,9 @@ context is refused.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
@@ -97,9 +100,52 @@ def _check_replica_context(optimizer) -> None:
     )
 
 
+#: id(optimizer) -> depth: optimizers whose `apply` runs on gradients
+#: already summed over the replicas (process-wide: Keras' LossScaleOptimizer
+#: calls its inner optimizer from replica threads tf starts anew).
+_presummed: dict = {}
+_presummed_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _gradients_presummed(optimizer):
+    key = id(optimizer)
+    with _presummed_lock:
+        _presummed[key] = _presummed.get(key, 0) + 1
+    try:
+        yield
+    finally:
+        with _presummed_lock:
+            _presummed[key] -= 1
+            if not _presummed[key]:
+                del _presummed[key]
+
+
+def _is_presummed(optimizer) -> bool:
+    return id(optimizer) in _presummed
+
+
+def _summed_for_apply(grads):
+    """`grads` summed over the replicas where the adapter says they are
+    still one replica's (else None), under a keras_dist strategy only."""
+    if _context.current_strategy() is None:
+        return None
+    return get_adapter().sum_gradients_for_apply(grads)
+
+
 def wrap_optimizer_apply(original):
+    """Under a strategy, Keras clips (clipnorm, clipvalue, global_clipnorm)
+    and accumulates the gradients it is given, and on TensorFlow sums them
+    over the replicas only afterwards: each replica would clip its own part.
+    Here they are summed first (`sum_gradients_for_apply`), so the clipping
+    and every update see the global batch's gradients, as on one device;
+    Keras' own sum then passes them through (`wrap_all_reduce_sum_gradients`)."""
+
     def apply(self, grads, trainable_variables=None):
-        _check_replica_context(self)
+        presummed = _is_presummed(self)  # an inner optimizer, called by a LossScaleOptimizer
+        if not presummed:
+            _check_replica_context(self)
+        grads = list(grads)
 
         def build():  # what Keras' apply does first when unbuilt
             with keras.name_scope(self.name, caller=self):
@@ -115,11 +161,90 @@ def wrap_optimizer_apply(original):
         ):
             get_adapter().build_outside_replicas(build)
         unbuilt = not self.built and trainable_variables is not None
-        return get_adapter().apply_optimizer(
-            self, build if unbuilt else None, lambda: original(self, grads, trainable_variables)
-        )
+        summed = None if presummed else _summed_for_apply(grads)
+
+        def run():
+            if summed is None:
+                return original(self, grads, trainable_variables)
+            with _gradients_presummed(self):
+                return original(self, summed, trainable_variables)
+
+        return get_adapter().apply_optimizer(self, build if unbuilt else None, run)
 
     return apply
+
+
+def _check_loss_scaling_supported(optimizer) -> None:
+    """TensorFlow, CentralStorageStrategy: Keras' LossScaleOptimizer writes
+    its scale inside a `cond` in replica context, which tf refuses for
+    variables kept on one central device (plain tf.distribute too)."""
+    from keras_dist._strategy import CentralStorageStrategy
+    from keras_dist.backends import backend_name
+
+    strategy = _context.current_strategy()
+    if backend_name() == "tensorflow" and isinstance(strategy, CentralStorageStrategy):
+        raise NotImplementedError(
+            f"{type(optimizer).__name__} {optimizer.name!r} cannot train under "
+            f"{strategy!r} on the TensorFlow backend: Keras updates its loss scale "
+            "inside a cond, which tf.distribute refuses for variables kept on one "
+            "central device (plain tf.distribute fails the same way). Use "
+            "MirroredStrategy (the same math), or the JAX backend."
+        )
+
+
+def wrap_loss_scale_apply(original):
+    """`LossScaleOptimizer.apply` under a strategy: the gradients are summed
+    over the replicas first, so the finite check (Keras takes the first
+    replica's) and the inner optimizer's clipping see the global batch's
+    gradients; the inner optimizer takes them as they are."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        summed = _summed_for_apply(grads)
+        if summed is None:
+            return original(self, grads, trainable_variables)
+        _check_loss_scaling_supported(self)
+        with _gradients_presummed(self.inner_optimizer):
+            return original(self, summed, trainable_variables)
+
+    return apply
+
+
+def wrap_backend_apply_gradients(original):
+    """TensorFlow, gradient accumulation (`gradient_accumulation_steps`)
+    under a strategy (one replica too: tf's OneDeviceStrategy): Keras chooses between accumulating and updating
+    with a `cond` in replica context around tf synchronisation points,
+    which tf refuses ("merge_call called while defining a new graph", as in
+    plain tf.distribute). Refused here, naming what works, as the first
+    step is traced (before any variable changes)."""
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        if self.gradient_accumulation_steps and _context.current_strategy() is not None:
+            raise NotImplementedError(
+                f"Optimizer {self.name!r} has gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}, which the TensorFlow backend "
+                "cannot run under a strategy: Keras picks between accumulating "
+                "and updating with a cond that holds tf.distribute synchronisation "
+                "points (plain tf.distribute fails the same way). Train with a "
+                "global batch gradient_accumulation_steps times larger (the same "
+                "math for a model without BatchNormalization), or use the JAX "
+                "backend, where keras_dist runs it as one device does."
+            )
+        return original(self, grads, trainable_variables)
+
+    return _backend_apply_gradients
+
+
+def wrap_all_reduce_sum_gradients(original):
+    """TensorFlow: Keras' sum of the gradients over replicas, skipped for
+    gradients `wrap_optimizer_apply` summed already."""
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        if _is_presummed(self):
+            return list(grads_and_vars)
+        return original(self, grads_and_vars)
+
+    return _all_reduce_sum_gradients
 
 
 def _fully_built(model) -> bool:

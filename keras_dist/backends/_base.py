@@ -170,6 +170,15 @@ class BackendAdapter(abc.ABC):
         gradients summed across replicas in the backward pass."""
 
     @abc.abstractmethod
+    def sum_gradients_for_apply(self, grads: list) -> Optional[list]:
+        """Inside a replica of several: `grads` (None entries kept) summed
+        over the replicas, where they are still this replica's own and the
+        engine's optimizer would sum them only after clipping them
+        (TensorFlow: Keras 3's `apply` clips, then all-reduces); None where
+        they already are the global batch's (JAX: autodiff under the
+        replicas' map sums them) or there is nothing to sum."""
+
+    @abc.abstractmethod
     def global_moments(self, inputs: Any, axes: Sequence[int], mask: Any) -> tuple:
         """Inside a per-replica step: BatchNormalization mean and variance
         over the global batch."""

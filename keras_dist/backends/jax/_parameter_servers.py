@@ -885,10 +885,11 @@ METRIC_DELTAS = "_keras_dist_metric_deltas"
 class TrainStep:
     """`fit`'s training step for a ParameterServerStrategy on JAX:
     ``step(per_worker_iterator) -> logs``, to be scheduled with
-    `ClusterCoordinator.schedule`. On the worker it takes the next batch,
-    computes the gradients with Keras' stateless API on the pulled values,
-    pushes them (and the new non-trainable values), and returns the step's
-    logs (the metrics of this batch, as NumPy)."""
+    `ClusterCoordinator.schedule`. On the worker, `model.steps_per_execution`
+    times: it takes the next batch, computes the gradients with Keras'
+    stateless API on the pulled values, and pushes them (and the new
+    non-trainable values); it returns the last step's logs (the metrics of
+    that batch, as NumPy) and every step's metric changes."""
 
     def __init__(self, model):
         self.model = model
@@ -906,21 +907,25 @@ class TrainStep:
         copy = runtime.variable_owner[id(model.trainable_variables[0])] if model.trainable_variables else None
         if copy is None:
             raise ValueError("fit on a ParameterServerStrategy needs a model with trainable variables.")
-        data = next(iterator)
         program = _worker_program(model)
-        grads, non_trainable, (logs, deltas) = program(
-            [v.value for v in model.trainable_variables],
-            [v.value for v in model.non_trainable_variables],
-            data,
-        )
-        runtime.push_step(copy, grads, non_trainable)
-        # the step pushed its writes itself: nothing else changed
-        copy.pulled.update({copy.vid_of[id(v)]: v._value for v in copy.variables})
-        result = {k: np.asarray(v) for k, v in logs.items()}
-        # This batch's change to every metric variable: the coordinator adds
+        total = None
+        for _ in range(int(getattr(model, "steps_per_execution", 1) or 1)):
+            data = next(iterator)
+            grads, non_trainable, (logs, deltas) = program(
+                [v.value for v in model.trainable_variables],
+                [v.value for v in model.non_trainable_variables],
+                data,
+            )
+            runtime.push_step(copy, grads, non_trainable)
+            # the step pushed its writes itself: nothing else changed
+            copy.pulled.update({copy.vid_of[id(v)]: v._value for v in copy.variables})
+            deltas = [np.asarray(d) for d in deltas]
+            total = deltas if total is None else [a + b for a, b in zip(total, deltas)]
+        result = {k: np.asarray(v) for k, v in logs.items()}  # the last step's
+        # These batches' change to every metric variable: the coordinator adds
         # them into its metrics (`Cluster._finish`), as tf's metric variables
         # on the ps get every worker's assign_add.
-        result[METRIC_DELTAS] = [np.asarray(d) for d in deltas]
+        result[METRIC_DELTAS] = total
         return result
 
 

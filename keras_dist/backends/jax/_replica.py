@@ -475,6 +475,13 @@ def build_outside_replicas(build_fn):
     build_fn()
 
 
+def sum_gradients_for_apply(grads):
+    """None: inside `run` (and fit's replica steps) JAX's autodiff already
+    sums the gradients of replicated variables over the replicas, so Keras'
+    clipping and updates see the global batch's gradients."""
+    return None
+
+
 def assign_delta_in_replica(variable, value, sign):
     """Inside `run`'s trace: the increment goes to the variable-access scope
     (aggregated across replicas there); None elsewhere."""

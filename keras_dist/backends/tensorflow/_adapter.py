@@ -46,6 +46,7 @@ class TensorFlowAdapter(BackendAdapter):
     build_outside_replicas = staticmethod(_replica.build_outside_replicas)
     assign_delta_in_replica = staticmethod(_replica.assign_delta_in_replica)
     sum_gradients_over_replicas = staticmethod(_step.sum_gradients_over_replicas)
+    sum_gradients_for_apply = staticmethod(_replica.sum_gradients_for_apply)
     global_moments = staticmethod(_step.global_moments)
     # parameter servers
     create_coordinator = staticmethod(_parameter_servers.create_coordinator)

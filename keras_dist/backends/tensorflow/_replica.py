@@ -143,6 +143,24 @@ def build_outside_replicas(build_fn):
     tf.distribute.get_replica_context().merge_call(merge_fn)
 
 
+def sum_gradients_for_apply(grads):
+    """In a replica context of several replicas (`strategy.run`, fit's
+    replica steps, and the replicas Keras' LossScaleOptimizer calls its
+    inner optimizer from): `grads` summed over the replicas, one
+    all-reduce, None entries kept. None elsewhere (one replica, cross-replica
+    context, a parameter-server worker's scheduled function)."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    if isinstance(tf.distribute.get_strategy(), tf.distribute.experimental.ParameterServerStrategy):
+        return None
+    context = tf.distribute.get_replica_context()
+    present = [g for g in grads if g is not None]
+    if context is None or context.num_replicas_in_sync <= 1 or not present:
+        return None
+    summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
+    return [None if g is None else next(summed) for g in grads]
+
+
 def assign_delta_in_replica(variable, value, sign):
     """Inside a tf.distribute replica context, the increment goes to tf's
     own `assign_add`/`assign_sub` of the distributed variable, which

@@ -57,9 +57,7 @@ def replica_step(step_fn, metric_variables, metric_results):
 
     def step(data):
         local, local_rows, global_rows = slice_for_replica(data)
-        shard = _shard.Shard(
-            tf.cast(local_rows, tf.float32), tf.cast(global_rows, tf.float32)
-        )
+        shard = _shard.Shard(local_rows, global_rows)
         with _shard.shard_scope(shard):
             logs = step_fn(local)
         return _global_logs(logs, metric_variables(), metric_results)

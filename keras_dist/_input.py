@@ -381,6 +381,66 @@ def check_dataset(dataset: Any) -> None:
         )
 
 
+_END = object()
+
+
+class OnePass:
+    """`batches()` over a one-shot iterator (a generator, an iterator): the
+    first call reads it; `peek()` (for `element_spec`) looks at its first
+    batch without losing it; a second pass is one clear error, not an
+    empty epoch.
+
+    >>> batches = OnePass(lambda: iter([1, 2]), iter([]))
+    >>> batches.peek(), list(batches())
+    (1, [1, 2])
+    """
+
+    def __init__(self, make_iterator: Callable[[], Iterable], source: Any):
+        self._make = make_iterator
+        self._source = source
+        self._iterator: Optional[Iterator] = None
+        self._head: list = []
+        self._passes = 0
+
+    @staticmethod
+    def needed(dataset: Any) -> bool:
+        """Whether `dataset` can be read only once (it is its own iterator)."""
+        try:
+            return iter(dataset) is dataset
+        except TypeError:
+            return False
+
+    def _check_unread(self) -> None:
+        if self._passes:
+            raise ValueError(
+                f"This distributed dataset was made from a one-shot {type(self._source).__name__} "
+                "(it is its own iterator), which has been read once: a second pass (a second "
+                "epoch, or iterating again) would see no batch. Give "
+                "experimental_distribute_dataset something that can be iterated again: a list of "
+                "batches, a tf.data.Dataset, a keras.utils.PyDataset, or call "
+                "experimental_distribute_dataset again on a new generator for each pass."
+            )
+
+    def _read(self) -> Iterator:
+        if self._iterator is None:
+            self._iterator = iter(self._make())
+        return self._iterator
+
+    def peek(self) -> Any:
+        """The first batch (None if there is none), kept for the pass."""
+        self._check_unread()
+        if not self._head:
+            self._head = [next(self._read(), _END)]
+        return None if self._head[0] is _END else self._head[0]
+
+    def __call__(self) -> Iterator:
+        self._check_unread()
+        self._passes += 1
+        head, self._head = [h for h in self._head if h is not _END], []
+        yield from head
+        yield from self._read()
+
+
 def check_same_rows(batch: Any) -> Any:
     """`batch` itself, if every array in it has the same number of rows;
     else one clear error (each replica takes the same rows of every array,
@@ -506,7 +566,11 @@ class DistributedDataset(metaclass=abc.ABCMeta):
     def element_spec(self) -> Any:
         """The structure of an element: a `keras.KerasTensor` per array,
         with the shape one replica's component has (batch dimension None)."""
-        first = next(self._elements(), None)
+        if isinstance(self._batches, OnePass):  # look without losing the batch
+            batch = self._batches.peek()
+            first = None if batch is None else self._to_replicas(batch)
+        else:
+            first = next(self._elements(), None)
         if first is None:
             raise ValueError("element_spec of an empty distributed dataset: it has no element to describe.")
         return self._spec(first) if self._spec else first

@@ -324,6 +324,7 @@ class Strategy:
         from keras_dist._input import (
             DistributedDataset,
             InputReplicationMode,
+            OnePass,
             WorkerBatches,
             check_batched,
             check_dataset,
@@ -360,8 +361,9 @@ class Strategy:
         if native is not None:
             return native
         _check_host_input_options("experimental_distribute_dataset", options)
+        batches = lambda: adapter.iterate_batches(dataset)  # noqa: E731
         return DistributedDataset(
-            lambda: adapter.iterate_batches(dataset),
+            OnePass(batches, dataset) if OnePass.needed(dataset) else batches,
             lambda batch: adapter.split_global_batch(engine, check_same_rows(batch)),
             self._element_spec,
             options.experimental_per_replica_buffer_size,
@@ -906,7 +908,7 @@ class _DefaultStrategy(Strategy):
     def experimental_distribute_dataset(self, dataset, options=None):
         # The batches as the backend takes them (numpy on JAX, tensors on
         # TensorFlow), so one loop serves every strategy.
-        from keras_dist._input import DistributedDataset, check_dataset
+        from keras_dist._input import DistributedDataset, OnePass, check_dataset
 
         options = _input_options("experimental_distribute_dataset", options)
         check_dataset(dataset)
@@ -914,8 +916,11 @@ class _DefaultStrategy(Strategy):
         native = adapter.distribute_dataset_natively(None, dataset, 0, "global_batches", options)
         if native is not None:
             return native
+        batches = lambda: adapter.iterate_batches(dataset)  # noqa: E731
         return DistributedDataset(
-            lambda: adapter.iterate_batches(dataset), lambda b: b, buffer_size=options.experimental_per_replica_buffer_size
+            OnePass(batches, dataset) if OnePass.needed(dataset) else batches,
+            lambda b: b,
+            buffer_size=options.experimental_per_replica_buffer_size,
         )
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):

@@ -1,5 +1,7 @@
 """Bad input: one clear error, raised before any state changes."""
 
+import re
+
 import numpy as np
 import pytest
 import keras
@@ -242,6 +244,36 @@ def test_backup_to_a_directory_that_cannot_be_written(mirrored, data, tmp_path):
     _assert_unchanged(model, snapshot)
 
 
+@pytest.mark.parametrize("damage", ["metadata-json", "metadata-epoch", "truncated-weights"])
+def test_a_damaged_backup_is_refused_before_anything_loads(mirrored, data, tmp_path, damage):
+    """A BackupAndRestore directory whose training_metadata.json is not JSON
+    (or has no epoch number), or whose weights file was cut short: one
+    clear error naming the file and the fix, before any weight changes
+    (Keras raised JSONDecodeError after loading the weights, or h5py's
+    OSError naming no path)."""
+    x, y = data
+    backup_dir = tmp_path / "backup"
+    trained = _distributed_model(mirrored(2))
+    trained.fit(x, y, batch_size=10, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(str(backup_dir), delete_checkpoint=False)])
+    metadata, weights = backup_dir / "training_metadata.json", backup_dir / "latest.weights.h5"
+    assert metadata.exists() and weights.exists()
+    if damage == "metadata-json":
+        metadata.write_text('{"epoch": ')
+        damaged = metadata
+    elif damage == "metadata-epoch":
+        metadata.write_text('{"epoch": "one"}')
+        damaged = metadata
+    else:
+        weights.write_bytes(weights.read_bytes()[:100])
+        damaged = weights
+    model = _distributed_model(mirrored(2))
+    model.build((None, FEATURES))
+    snapshot = _snapshot(model)
+    with pytest.raises(ValueError, match=rf"cannot resume from '{re.escape(str(damaged))}'.*Delete the backup directory"):
+        model.fit(x, y, batch_size=10, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(str(backup_dir))])
+    _assert_unchanged(model, snapshot)
+
+
 @pytest.mark.parametrize(
     "cluster, task, pattern",
     [
@@ -391,3 +423,41 @@ def test_a_batch_whose_arrays_differ_in_rows_is_refused(make_strategy):
     with pytest.raises(ValueError, match="different numbers of rows"):
         for _ in strategy.experimental_distribute_dataset([{"a": x[:4], "b": y[:5]}]):
             pass
+
+
+EVERY_STRATEGY = [
+    lambda: keras_dist.OneDeviceStrategy("cpu:0"),
+    lambda: keras_dist.MirroredStrategy(DEVICES[:2]),
+    lambda: keras_dist.MirroredStrategy(DEVICES),
+    lambda: keras_dist.CentralStorageStrategy(DEVICES),
+    lambda: keras_dist.get_strategy(),
+]
+EVERY_STRATEGY_IDS = ["one-device", "mirrored-2", "mirrored-4", "central-storage-4", "default"]
+
+
+@pytest.mark.parametrize("make_strategy", EVERY_STRATEGY, ids=EVERY_STRATEGY_IDS)
+def test_a_one_shot_generator_is_read_once_then_refused(make_strategy):
+    """A generator given to experimental_distribute_dataset: the first pass
+    gives every batch (element_spec, looked at first, loses none); a second
+    pass (a second epoch) used to give no batch, silently; now one clear
+    error naming what can be iterated again."""
+    strategy = make_strategy()
+    x = np.arange(40, dtype="float32").reshape(20, 2)
+
+    def batches():
+        for start in range(0, 20, 8):
+            yield x[start : start + 8]
+
+    dataset = strategy.experimental_distribute_dataset(batches())
+    if strategy is not keras_dist.get_strategy():
+        assert tuple(dataset.element_spec.shape) == (None, 2)
+    totals = [
+        float(strategy.reduce("SUM", strategy.run(lambda part: keras.ops.sum(part), args=(batch,)), axis=None))
+        for batch in dataset
+    ]
+    assert totals == [float(x[s : s + 8].sum()) for s in range(0, 20, 8)]
+    with pytest.raises(ValueError, match="one-shot generator.*read once.*a list of batches"):
+        for _ in dataset:
+            pass
+    again = strategy.experimental_distribute_dataset([x[:8], x[8:]])  # a list: read again and again
+    assert len(list(again)) == len(list(again)) == 2

@@ -23,10 +23,11 @@ from conftest import BACKEND
 GLOBAL_BATCH_SIZE = 10  # 4 replicas: uneven shards, and a partial last batch
 
 
-def _model():
+def _model(batch_norm=False):
     keras.utils.set_random_seed(3)
+    normalization = [keras.layers.BatchNormalization()] if batch_norm else []
     return keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)]
+        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), *normalization, keras.layers.Dense(2)]
     )
 
 
@@ -123,7 +124,19 @@ def test_tensorflow_custom_training_tutorial(tmp_path):
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the guide's step is JAX code (jax.value_and_grad, stateless_call)")
-def test_keras_io_jax_guide_ported_to_strategy_run():
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+        lambda: keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)]),
+        lambda: keras_dist.CentralStorageStrategy([f"cpu:{i}" for i in range(4)]),
+    ],
+    ids=["one-device", "mirrored-4", "central-storage-4"],
+)
+def test_keras_io_jax_guide_ported_to_strategy_run(make_strategy):
+    """The guide's loop (state in, state out, BatchNorm's moving statistics
+    among the state) under every strategy of one worker: under OneDevice
+    `run` used to return that state as `PerReplica`, and the loop failed."""
     import jax
 
     x, y = make_data(63)
@@ -132,7 +145,7 @@ def test_keras_io_jax_guide_ported_to_strategy_run():
 
     def guide(strategy):
         with strategy.scope():
-            model = _model()
+            model = _model(batch_norm=True)
             optimizer = keras.optimizers.Adam(1e-2)
             optimizer.build(model.trainable_variables)
             accuracy = keras.metrics.SparseCategoricalAccuracy()
@@ -163,12 +176,12 @@ def test_keras_io_jax_guide_ported_to_strategy_run():
         for data in strategy.experimental_distribute_dataset(batches):
             loss, state = strategy.run(train_step, args=(state, data))
             losses.append(float(strategy.reduce("SUM", loss, axis=None)))
-        for variable, value in zip(model.trainable_variables, state[0]):
+        for variable, value in zip(model.trainable_variables + model.non_trainable_variables, state[0] + state[1]):
             variable.assign(value)
         return losses, float(accuracy.result()), model.get_weights()
 
     expected = guide(keras_dist.get_strategy())
-    got = guide(keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)]))
+    got = guide(make_strategy())
     np.testing.assert_allclose(got[0], expected[0], atol=1e-6)
     assert got[1] == pytest.approx(expected[1], abs=1e-6)
     for a, b in zip(expected[2], got[2]):

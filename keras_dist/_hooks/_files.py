@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from typing import Optional
 
 import keras
 
@@ -104,17 +105,57 @@ def _save_backup_atomically(callback) -> None:
     os.replace(temporary, metadata_path)
 
 
+def _unreadable_backup(path: str, why: str, backup_dir: str) -> ValueError:
+    return ValueError(
+        f"BackupAndRestore cannot resume from {path!r}: {why}. Nothing was "
+        f"loaded. Delete the backup directory {backup_dir!r} to start training "
+        "from epoch 0, or put back a complete backup there."
+    )
+
+
+def _epoch_of(text: str, path: str, backup_dir: str) -> int:
+    """The `epoch` of training metadata `text` (from `path`), or one clear error."""
+    try:
+        epoch = json.loads(text)["epoch"]
+    except (ValueError, TypeError, KeyError) as error:
+        raise _unreadable_backup(path, f"its training metadata is not valid ({type(error).__name__}: {error})", backup_dir) from error
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise _unreadable_backup(path, f"its training metadata has epoch={epoch!r}, not an epoch number", backup_dir)
+    return epoch
+
+
+def _check_backup(callback) -> Optional[int]:
+    """Reads a backup's files before anything is loaded: the epoch the
+    weights file carries (None if it has none or there is no backup), or
+    one clear error naming the unreadable file and the fix."""
+    import h5py
+
+    backup_dir = callback.backup_dir
+    epoch = None
+    weights = callback._weights_path
+    if os.path.exists(weights):
+        try:
+            with h5py.File(weights, "r") as handle:
+                metadata = handle.attrs.get(_METADATA_ATTRIBUTE)
+        except OSError as error:
+            raise _unreadable_backup(weights, f"the weights file cannot be read ({error})", backup_dir) from error
+        if metadata is not None:
+            epoch = _epoch_of(metadata, weights, backup_dir)
+    path = callback._training_metadata_path
+    if os.path.exists(path):
+        with open(path) as handle:
+            _epoch_of(handle.read(), path, backup_dir)
+    return epoch
+
+
 def wrap_backup_load(original):
     def _load_model(self):
+        if model_strategy(self.model) is None:
+            return original(self)
+        epoch = _check_backup(self)  # before any weight changes
         result = original(self)
-        path = self._weights_path
-        if model_strategy(self.model) is not None and os.path.exists(path):
-            import h5py
-
-            with h5py.File(path, "r") as handle:
-                metadata = handle.attrs.get(_METADATA_ATTRIBUTE)
-            if metadata is not None:  # authoritative over the JSON file
-                self.model._initial_epoch = json.loads(metadata)["epoch"]
+        if epoch is not None:  # the weights file's: authoritative over the JSON file
+            self.model._initial_epoch = epoch
         return result
 
     return _load_model

@@ -303,6 +303,8 @@ def run(strategy, engine, fn, args, kwargs):
     for value, (kind, counts) in zip(outputs, out_kinds):
         if kind == "replicated":
             wrapped.append(value)
+        elif engine.num_replicas == 1:  # one replica: its value, as tf's OneDeviceStrategy.run gives it
+            wrapped.append(value if counts is not None else value[0])
         else:
             wrapped.append(JaxPerReplica(value, counts, engine.num_replicas))
     return jax.tree_util.tree_unflatten(out_treedef, wrapped)

@@ -10,7 +10,18 @@ strategy and under one device (the default strategy) and must match.
   `strategy.run` (JAX): state passed through a pure step with
   `stateless_call`, BatchNormalization, a Keras metric updated inside `run`
   (tests/test_custom_loops.py holds the BatchNorm equivalence).
+- tensorflow.org `tutorials/distribute/parameter_server_training`
+  (tests/workers/ps_tutorial.py, run as its own process: its cluster lives
+  in the process): a cluster with no `chief`, a partitioner, `fit` with
+  `steps_per_execution`, a custom loop whose RMSprop Keras builds inside
+  the first scheduled function (both backends; the custom loop, TensorFlow
+  code, on TensorFlow).
 """
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -186,3 +197,31 @@ def test_keras_io_jax_guide_ported_to_strategy_run(make_strategy):
     assert got[1] == pytest.approx(expected[1], abs=1e-6)
     for a, b in zip(expected[2], got[2]):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.starts_processes
+@pytest.mark.slow("one process holds the tutorial's cluster: 3 workers and 2 ps (TensorFlow servers, or Ray actors on JAX)")
+def test_tensorflow_parameter_server_tutorial(tmp_path):
+    """The tutorial as written (renamed; its header lists each change),
+    in a fresh process. Asynchronous training has no one-device twin: the
+    checks are the counts tf promises (every scheduled step applied once:
+    fit's 5 x 20 steps of `steps_per_execution=10`; the loop's 4 x 5 + 1)
+    and that it learns. It used to fail on TensorFlow (no `chief` in the
+    cluster; the RMSprop's slots made on the coordinator) and to train a
+    tenth of fit's steps on JAX, silently."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "tutorial.json"
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, os.path.join(root, "tests", "workers", "ps_tutorial.py"), str(out)],
+        capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["backend"] == BACKEND
+    assert report["fit_iterations"] == 100 and report["fit_epochs"] == 5 and report["fit_loss_finite"]
+    assert report["checkpoint_written"]
+    if BACKEND == "tensorflow":
+        assert report["embedding_shards"] == 2  # MinSizePartitioner split it over the 2 ps
+        assert report["loop_iterations"] == 21
+        assert report["loop_accuracy"] >= 0.9 and np.isfinite(report["loop_final_loss"])

@@ -87,8 +87,13 @@ def create_engine(extended):
     """tf's ParameterServerStrategy for keras_dist's `_ParameterServerExtended`."""
     spec = extended.cluster_resolver.cluster_spec()
     jobs = spec.as_dict()
+    # The coordinator is the cluster's chief task; a cluster with no chief
+    # job (tf's parameter-server tutorial: this process coordinates, its
+    # servers are workers and ps) gets none, and tf adds this process to the
+    # cluster as the coordinator.
+    chief = "chief" in jobs
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(jobs), task_type="chief", task_id=0, rpc_layer="grpc"
+        tf.train.ClusterSpec(jobs), task_type="chief" if chief else None, task_id=0 if chief else None, rpc_layer="grpc"
     )
     engine = _KerasParameterServerStrategy(
         resolver, variable_partitioner=extended.variable_partitioner
@@ -149,7 +154,20 @@ def apply_optimizer(optimizer, build, apply):
 
     own = [optimizer._iterations, getattr(optimizer, "_learning_rate", None)]
     own = [v for v in own if isinstance(v, keras.Variable) and is_engine_variable(v._value)]
+    if build is not None:  # first apply (tf's tutorial never builds its RMSprop)
+        build = _built_on_ps(build)
     return _exactly_once.apply_optimizer(own, build, apply)
+
+
+def _built_on_ps(build):
+    """`build` run outside the scheduled function being traced (eagerly, on
+    the coordinator, in the strategy's cross-replica context), so the optimizer's slots
+    are made on the ps as the model's variables were (traced inside the
+    function they landed on the coordinator, and the first update failed:
+    "Cannot place the graph ... /job:chief/... vs /job:ps/...")."""
+    from keras_dist.backends.tensorflow._replica import build_outside_replicas
+
+    return lambda: build_outside_replicas(build)
 
 
 def create_coordinator(strategy):

@@ -176,6 +176,13 @@ class CommunicationOptions:
             raise ValueError(
                 f"bytes_per_pack must be an integer >= 0, got {self.bytes_per_pack!r}."
             )
+        if self.timeout_seconds is not None and (
+            isinstance(self.timeout_seconds, bool) or not isinstance(self.timeout_seconds, (int, float))
+        ):
+            raise TypeError(
+                f"timeout_seconds must be a number of seconds or None, got {self.timeout_seconds!r} "
+                f"({type(self.timeout_seconds).__name__}); e.g. CommunicationOptions(timeout_seconds=60)."
+            )
         if self.timeout_seconds is not None and not self.timeout_seconds > 0:
             raise ValueError(
                 f"timeout_seconds must be positive or None, got {self.timeout_seconds!r}."

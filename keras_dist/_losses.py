@@ -18,6 +18,19 @@ def _replica_context(name: str):
     return context
 
 
+def _check_weight_shape(weight: tuple, loss: tuple) -> None:
+    """Refuses a sample_weight whose known dimensions do not line up with
+    the per-example losses' (one weight per example, or a scalar)."""
+    if len(weight) > len(loss) or any(
+        w is not None and l is not None and w not in (1, l) for w, l in zip(weight, loss)
+    ):
+        raise ValueError(
+            f"compute_average_loss got a sample_weight of shape {weight} for per-example "
+            f"losses of shape {loss}: give one weight per example of this replica (the "
+            "sample_weight part of the same distributed batch), or a scalar."
+        )
+
+
 def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size=None):
     """Sum of this replica's per-example losses / the global batch size.
 
@@ -41,6 +54,9 @@ def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size
         )
     if sample_weight is not None:
         weight = keras.ops.cast(keras.ops.convert_to_tensor(sample_weight), loss.dtype)
+        if len(weight.shape) == len(loss.shape) + 1 and weight.shape[-1] == 1:
+            weight = keras.ops.squeeze(weight, -1)  # (batch, 1) weights for (batch,) losses, as tf takes them
+        _check_weight_shape(tuple(weight.shape), tuple(loss.shape))
         while len(weight.shape) < len(loss.shape):
             weight = keras.ops.expand_dims(weight, -1)
         loss = loss * weight

@@ -9,6 +9,7 @@ Adding a strategy: a subclass here (and, if it needs facts of its own, of
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import logging
@@ -287,6 +288,12 @@ class Strategy:
                 "strategy.run(fn, args=...) takes a tuple of arguments, got "
                 f"{type(args).__name__}; for one argument write args=(value,)."
             )
+        if kwargs is not None and not isinstance(kwargs, collections.abc.Mapping):
+            raise TypeError(
+                "strategy.run(fn, kwargs=...) takes a dict of keyword arguments, got "
+                f"{type(kwargs).__name__}; positional arguments go in args=(...)."
+            )
+        _check_per_replica_arguments(self.num_replicas_in_sync, (args, dict(kwargs or {})))
         heartbeat.beat()
         with self.scope():
             return get_adapter().run(self, self._extended.engine, fn, tuple(args), dict(kwargs or {}))
@@ -484,6 +491,33 @@ class RunOptions:
     experimental_enable_dynamic_batch_size: bool = True
     experimental_bucketizing_dynamic_shape: bool = False
     experimental_xla_options: Any = None
+
+
+def _check_per_replica_arguments(num_replicas: int, arguments: Any) -> None:
+    """Refuses a `PerReplica` argument whose number of values is not the
+    strategy's replica count (replicas would get no value, or values would
+    be dropped)."""
+    from keras_dist._values import PerReplica
+
+    def per_replica(value):
+        if isinstance(value, PerReplica):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from per_replica(item)
+        elif isinstance(value, collections.abc.Mapping):
+            for item in value.values():
+                yield from per_replica(item)
+
+    for leaf in per_replica(arguments):
+        count = getattr(leaf, "num_replicas", None) or len(leaf.values)
+        if count != num_replicas:
+            raise ValueError(
+                f"strategy.run got a PerReplica of {count} values on a strategy of "
+                f"{num_replicas} replicas: it needs one value per replica. Make it with "
+                "strategy.experimental_distribute_values_from_function(fn) (fn is called once per "
+                "replica) or experimental_distribute_dataset."
+            )
 
 
 def _check_run_options(options: Any) -> None:
@@ -764,6 +798,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             raise TypeError(
                 "communication_options must be a keras_dist.CommunicationOptions, "
                 f"got {options!r}."
+            )
+        if not (callable(getattr(resolver, "cluster_spec", None)) and hasattr(resolver, "task_type")):
+            raise TypeError(
+                "MultiWorkerMirroredStrategy(cluster_resolver=...) takes a cluster resolver, got "
+                f"{type(resolver).__name__}. For a cluster written as a dict use "
+                "keras_dist.cluster_resolver.SimpleClusterResolver(cluster_dict, task_type='worker', "
+                "task_id=i); leave it None to read TF_CONFIG."
             )
         if resolver.task_type not in (None, "chief", "worker"):
             raise ValueError(

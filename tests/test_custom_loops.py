@@ -201,6 +201,10 @@ def test_run_reduce_gather_local_results_by_hand(mirrored):
 
     doubled = strategy.run(lambda rows: rows * 2.0, args=(batch,))
     np.testing.assert_array_equal(np.asarray(strategy.gather(doubled, axis=0)), x * 2)
+    # a negative axis counts from the end, as in tf (TensorFlow's own gather failed in its graph)
+    pairs = strategy.run(lambda rows: rows[:2] * 2.0, args=(batch,))  # (2, 1) on every replica
+    side_by_side = np.concatenate([shard[:2] * 2 for shard in shards], axis=-1)  # (2, 4)
+    np.testing.assert_array_equal(np.asarray(strategy.gather(pairs, axis=-1)), side_by_side)
     assert _scalar(strategy.reduce("SUM", doubled, axis=0)) == pytest.approx(90.0)
     assert _scalar(strategy.reduce("MEAN", doubled, axis=0)) == pytest.approx(9.0)
 
@@ -462,6 +466,40 @@ def test_run_args_must_be_a_tuple(mirrored):
     for batch in strategy.experimental_distribute_dataset([np.ones((4, 3), "float32")]):
         with pytest.raises(TypeError, match=r"args=\(value,\)"):
             strategy.run(lambda value: value, args=batch)
+
+
+def test_run_kwargs_and_per_replica_arguments_are_checked(mirrored):
+    """kwargs that are not a dict, and a PerReplica with another number of
+    values than the replicas: one clear error each, before the function runs
+    (they were a raw dict-update TypeError, and on TensorFlow a PerReplica
+    of 2 values ran on 4 replicas without a word)."""
+    strategy = mirrored(4)
+    called = []
+    with pytest.raises(TypeError, match="kwargs=.*takes a dict.*got list"):
+        strategy.run(lambda **kw: called.append(kw), kwargs=[1, 2])
+    two = keras_dist.PerReplica((np.ones(2, "float32"), np.ones(2, "float32")))
+    with pytest.raises(ValueError, match="PerReplica of 2 values on a strategy of 4 replicas"):
+        strategy.run(lambda value: called.append(value), args=(two,))
+    with pytest.raises(ValueError, match="PerReplica of 2 values"):
+        strategy.run(lambda value=None: called.append(value), kwargs={"value": [two]})
+    assert not called
+
+
+def test_compute_average_loss_checks_the_sample_weight_shape(mirrored):
+    """A sample_weight that does not line up with the per-example losses
+    (it broadcast to a (4, 4) or failed deep in the engine); a (batch, 1)
+    weight is taken for (batch,) losses, as tf does."""
+    strategy = mirrored(2)
+
+    def loss_with(weight):
+        return strategy.run(
+            lambda: keras_dist.compute_average_loss(keras.ops.ones((4,)), sample_weight=weight, global_batch_size=8)
+        )
+
+    with pytest.raises(ValueError, match=r"sample_weight of shape \(3,\).*\(4,\)"):
+        loss_with(keras.ops.ones((3,)))
+    each = strategy.experimental_local_results(loss_with(keras.ops.full((4, 1), 0.5)))
+    assert [float(v) for v in each] == pytest.approx([0.25] * len(each))  # 4 x 0.5 / 8
 
 
 def test_datasets_from_function_with_several_workers_is_refused(mirrored, monkeypatch):

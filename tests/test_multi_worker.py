@@ -169,6 +169,17 @@ def test_bad_communication_options():
         keras_dist.CommunicationOptions(timeout_seconds=0)
     with pytest.raises(ValueError, match="bytes_per_pack"):
         keras_dist.CommunicationOptions(bytes_per_pack=-1)
+    with pytest.raises(TypeError, match=r"timeout_seconds must be a number of seconds.*'60' \(str\)"):
+        keras_dist.CommunicationOptions(timeout_seconds="60")
+
+
+def test_a_cluster_dict_for_a_resolver_names_simple_cluster_resolver():
+    """A dict where a resolver belongs: one clear error (it was
+    "'dict' object has no attribute 'task_type'")."""
+    import keras_dist
+
+    with pytest.raises(TypeError, match="takes a cluster resolver, got dict.*SimpleClusterResolver"):
+        keras_dist.MultiWorkerMirroredStrategy(cluster_resolver={"worker": ["localhost:1", "localhost:2"]})
 
 
 def test_example_through_the_launcher(tmp_path):

@@ -119,6 +119,9 @@ def reduce(engine, reduce_op, value, axis):
 
 
 def gather(engine, value, axis):
+    if axis < 0:  # tf's gather takes a non-negative axis ("Requires start <= limit" in its graph)
+        first = engine.experimental_local_results(value)[0]
+        axis += len(first.shape)
     return engine.gather(value, axis)
 
 

@@ -22,9 +22,11 @@ _local = threading.local()
 class Shard:
     """Row counts (integers or integer scalar tensors) of one replica's step."""
 
-    def __init__(self, local_rows: Any, global_rows: Any):
+    def __init__(self, local_rows: Any, global_rows: Any, start: Any = None):
         self.local_rows = local_rows
         self.global_rows = global_rows
+        #: This replica's first row in the global batch (None: not known).
+        self.start = start
 
 
 @contextlib.contextmanager
@@ -35,6 +37,11 @@ def shard_scope(shard: Shard) -> Iterator[None]:
         yield
     finally:
         _local.shard = previous
+
+
+def current():
+    """The `Shard` of the replica step being traced, or None."""
+    return getattr(_local, "shard", None)
 
 
 def in_replica_step() -> bool:

@@ -108,3 +108,45 @@ def test_optimizer_made_outside_the_scope_trains_as_one_device(make_optimizer):
     assert_same_weights(reference, distributed, atol=1e-5)
     assert int(optimizer.iterations.numpy()) == 10
     assert all(strategy.extended.variable_created_in_scope(v) for v in optimizer.variables)  # slots too
+
+
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+        lambda: keras_dist.MirroredStrategy(["cpu:0", "cpu:1"]),
+        lambda: keras_dist.MirroredStrategy(),
+        lambda: keras_dist.CentralStorageStrategy(),
+    ],
+    ids=["one-device", "mirrored-2", "mirrored-4", "central-storage-4"],
+)
+def test_dropout_draws_one_devices_masks(make_strategy):
+    """Dropout (and a mask shared along the features, `noise_shape`) under
+    a strategy drops the rows one device drops on the same global batch, so
+    the model trains as one device (TensorFlow's replicas each drew the
+    first rows of the mask for their own: every replica the same mask)."""
+    x, y = make_data(43)
+
+    def build():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [
+                keras.Input((x.shape[1],)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dropout(0.5, seed=7),
+                keras.layers.Reshape((4, 4)),
+                keras.layers.Dropout(0.3, noise_shape=(None, 1, 4), seed=8),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1, activation="sigmoid"),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+        return model
+
+    reference = build()
+    with make_strategy().scope():
+        distributed = build()
+    distributed.set_weights(reference.get_weights())
+    for model in (reference, distributed):
+        model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0)
+    assert_same_weights(reference, distributed, atol=1e-6)

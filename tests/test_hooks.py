@@ -15,7 +15,7 @@ import pytest
 import keras_dist
 from keras_dist import _context, _hooks
 from keras_dist._hooks import _files
-from _helpers import compile_model, make_data, mlp, twin, two_heads
+from _helpers import FEATURES, compile_model, make_data, mlp, twin, two_heads
 from conftest import BACKEND, jax_train_step
 
 def test_exactly_the_table_s_hooks_are_installed():
@@ -250,6 +250,20 @@ def _probe_gradient_accumulation(mirrored, tmp_path):
         return type(error).__name__
 
 
+def _probe_dropout(mirrored, tmp_path):
+    """A model with Dropout in replica steps: each replica's rows of one
+    device's mask (the replicas drew the same mask for their own rows)."""
+    x, y = make_data(43)
+    keras.utils.set_random_seed(1)
+    with mirrored(4).scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(8), keras.layers.Dropout(0.5, seed=3), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+    return model.get_weights()
+
+
 def _probe_optimizer_apply(mirrored, tmp_path):
     """An optimizer applied in cross-replica context is refused, leaving the
     weights as they were; on TensorFlow, one first applied inside
@@ -428,6 +442,7 @@ PROBES = {
     **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
     "keras.src.losses.loss:reduce_values": _probe_reduce_values,
+    "keras.src.backend.tensorflow.random:dropout": _probe_dropout,
     "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.apply": _probe_loss_scale_apply,
     "keras.src.optimizers.base_optimizer:BaseOptimizer._backend_apply_gradients": _probe_gradient_accumulation,
     "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients": _probe_clipped_sgd,

@@ -9,7 +9,7 @@ this docstring's table and the hooks test all read it. The modules, by
 concern: `_patching` (mechanics), `_entry` (scope and entry checks),
 `_optimizers` (`compile` adopts an unused optimizer made outside the
 scope), `_files` (checkpoints, chief-only files), `_losses` (loss scaling,
-BatchNorm moments), `_steps` (the distributed steps, from the backend
+BatchNorm moments), `_random` (one device's dropout masks in replica steps), `_steps` (the distributed steps, from the backend
 adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
 `_variables` (variables agree across workers; a variable split over the ps
@@ -22,7 +22,7 @@ Hooks:
 
 from __future__ import annotations
 
-from keras_dist._hooks import _entry, _files, _losses, _metrics, _run_variables, _steps, _variables
+from keras_dist._hooks import _entry, _files, _losses, _metrics, _random, _run_variables, _steps, _variables
 from keras_dist._hooks._patching import ORIGINALS, Hook, model_strategy, patch, resolve
 from keras_dist._shard import scale_factor, unscale_factor
 from keras_dist.backends import backend_name
@@ -74,6 +74,12 @@ HOOKS: tuple = (
         "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
         _losses.wrap_moments,
         purpose="replica step: moments of the global batch",
+    ),
+    Hook(
+        "keras.src.backend.tensorflow.random:dropout",
+        _random.wrap_dropout,
+        _TF,
+        purpose="replica step: this replica's rows of one device's dropout mask over the global batch",
     ),
     Hook(
         f"{_TRAINER}._aggregate_additional_loss",

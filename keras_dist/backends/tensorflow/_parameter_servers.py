@@ -165,9 +165,11 @@ def _built_on_ps(build):
     are made on the ps as the model's variables were (traced inside the
     function they landed on the coordinator, and the first update failed:
     "Cannot place the graph ... /job:chief/... vs /job:ps/...")."""
-    from keras_dist.backends.tensorflow._replica import build_outside_replicas
+    def merge_fn(_strategy):
+        with tf.init_scope():
+            build()
 
-    return lambda: build_outside_replicas(build)
+    return lambda: tf.distribute.get_replica_context().merge_call(merge_fn)
 
 
 def create_coordinator(strategy):

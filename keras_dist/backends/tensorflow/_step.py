@@ -24,7 +24,7 @@ def _host_device():
 def slice_for_replica(data):
     """Inside a replica: this replica's contiguous rows of the global batch.
 
-    Returns ``(local_data, local_rows, global_rows)``. Shards differ in size
+    Returns ``(local_data, local_rows, global_rows, start)``. Shards differ in size
     by at most one row, larger ones first (see `keras_dist._split`); slicing
     happens on the host so only each replica's rows reach its device.
     """
@@ -40,7 +40,7 @@ def slice_for_replica(data):
         local = tf.nest.map_structure(
             lambda x: None if x is None else x[start : start + size], data
         )
-    return local, size, global_rows
+    return local, size, global_rows, start
 
 
 def replica_step(step_fn, metric_variables, metric_results):
@@ -56,8 +56,8 @@ def replica_step(step_fn, metric_variables, metric_results):
     """
 
     def step(data):
-        local, local_rows, global_rows = slice_for_replica(data)
-        shard = _shard.Shard(local_rows, global_rows)
+        local, local_rows, global_rows, start = slice_for_replica(data)
+        shard = _shard.Shard(local_rows, global_rows, start)
         with _shard.shard_scope(shard):
             logs = step_fn(local)
         return _global_logs(logs, metric_variables(), metric_results)
@@ -150,7 +150,7 @@ def make_predict_function(engine, predict_step, run_eagerly: bool):
     """Predict over a list of global batches; rows come back in input order."""
 
     def replica_predict(data):
-        local, _, _ = slice_for_replica(data)
+        local, _, _, _ = slice_for_replica(data)
         return predict_step(local)
 
     def one_batch(data):

@@ -520,3 +520,41 @@ def test_run_keeps_a_bounded_cache_of_compiled_functions(mirrored):
     for index in range(_replica._RUN_CACHE_SIZE + 6):  # a new function each step
         strategy.run(lambda value, scale=float(index): value * scale, args=(batch,))
     assert len(_replica._run_cache) == _replica._RUN_CACHE_SIZE
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a tf.function iterating tf's distributed dataset")
+def test_iterating_a_distributed_dataset_inside_a_tf_function():
+    """`iter(dist_dataset)` and a `for` loop over it inside a `tf.function`
+    (tensorflow.org's custom-training tutorial does both) on 4 simulated
+    devices: it waited forever for one of TF's inter-op threads (one per
+    core; plain tf.distribute too); simulate_cpu_devices gives the pool 4 a
+    device. Run in a thread so a regression fails here instead of hanging."""
+    import threading
+
+    import tensorflow as tf
+
+    strategy = keras_dist.MirroredStrategy()
+    assert strategy.num_replicas_in_sync == 4
+    dataset = tf.data.Dataset.from_tensor_slices(np.arange(32, dtype="float32").reshape(16, 2)).batch(8)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+
+    @tf.function
+    def first_batch():
+        batch = next(iter(distributed))
+        return strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(batch,)), axis=None)
+
+    @tf.function
+    def every_batch():
+        total = tf.constant(0.0)
+        for batch in distributed:
+            total += strategy.reduce("SUM", strategy.run(tf.reduce_sum, args=(batch,)), axis=None)
+        return total
+
+    results = {}
+    thread = threading.Thread(
+        target=lambda: results.update(first=float(first_batch()), every=float(every_batch())), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "iterating the distributed dataset inside tf.function hangs"
+    assert results == {"first": float(np.arange(16).sum()), "every": float(np.arange(32).sum())}

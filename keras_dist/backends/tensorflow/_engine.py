@@ -47,12 +47,20 @@ def _task_devices(worker_device: str, device_type=None) -> list:
 
 
 def simulate_cpu_devices(count: int) -> None:
-    """Splits the host CPU into `count` logical TF devices (before TF starts)."""
+    """Splits the host CPU into `count` logical TF devices (before TF starts).
+
+    TF sizes its inter-op thread pool by the cores, not the devices: with 4
+    logical devices on 2 cores, a `tf.function` that makes an iterator over
+    a distributed dataset (a multi-device iterator) waited forever for a
+    thread (plain tf.distribute too). Unless the user set it, the pool gets
+    4 threads a device, as keras_dist gives XLA's CPU pools on JAX."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
         )
+        if tf.config.threading.get_inter_op_parallelism_threads() == 0:  # TF's default: one per core
+            tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, 4 * count))
     except RuntimeError as error:
         current = len(tf.config.list_logical_devices("CPU"))
         if current == count:

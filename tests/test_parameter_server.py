@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -191,7 +192,7 @@ def test_bad_inputs_raise_one_clear_error_each_before_any_change(one_worker_one_
     report = one_worker_one_ps["bad-inputs"]
     errors = report["errors"]
     assert "needs steps_per_epoch" in errors["missing steps_per_epoch"]
-    assert "takes a dataset function" in errors["a dataset, not a function"]
+    assert "takes a dataset function" in errors["a list, not a function"]  # a tf.data.Dataset is taken (the tutorial)
     assert "takes a dataset function" in errors["arrays, not a function"]
     assert "does not take batch_size" in errors["batch_size with a function"]
     assert errors["train_on_batch"].startswith("NotImplementedError")
@@ -217,6 +218,27 @@ def test_cluster_without_ps_is_refused():
         keras_dist.ParameterServerStrategy(_resolver({"chief": ["a:1"], "ps": ["a:2"]}))
     with pytest.raises(ValueError, match="made on the coordinator"):
         keras_dist.ParameterServerStrategy(_resolver({"chief": ["a:1"], "worker": ["a:2"], "ps": ["a:3"]}, "worker"))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="TensorFlow's fit takes the dataset (tests/test_tutorials.py)")
+@pytest.mark.needs_tensorflow
+def test_a_tf_data_dataset_given_to_fit_on_jax_names_the_dataset_function():
+    """tf's tutorial passes a tf.data.Dataset to fit; on JAX the workers are
+    Ray actors it cannot be sent to: one clear error, before any actor
+    starts or any weight changes."""
+    import tensorflow as tf
+
+    strategy = keras_dist.ParameterServerStrategy(
+        _resolver({"chief": ["localhost:1"], "worker": ["localhost:2"], "ps": ["localhost:3"]})
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(), loss="mse")
+    before = model.get_weights()
+    with pytest.raises(ValueError, match="not a tf.data.Dataset.*Ray actors.*DatasetCreator"):
+        model.fit(tf.data.Dataset.range(3), epochs=1, steps_per_epoch=2, verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_experimental_names():

@@ -222,6 +222,8 @@ def test_tensorflow_parameter_server_tutorial(tmp_path):
     assert report["fit_iterations"] == 100 and report["fit_epochs"] == 5 and report["fit_loss_finite"]
     assert report["checkpoint_written"]
     if BACKEND == "tensorflow":
+        assert report["fit_dataset_iterations"] == 100  # a tf.data.Dataset given to fit, as the tutorial now does
+    if BACKEND == "tensorflow":
         assert report["embedding_shards"] == 2  # MinSizePartitioner split it over the 2 ps
         assert report["loop_iterations"] == 21
         # it learns: above the 0.63 of always answering "no" (the labels are random draws)

@@ -17,7 +17,8 @@ the coordinator (as tf.keras 2 did without `pss_evaluation_shards`).
 
 The loop (as tf.keras 2's): the input is a dataset function
 (`keras_dist.experimental.DatasetCreator(fn)` or a plain callable; called
-on each worker with an `InputContext` if it takes an argument), the
+on each worker with an `InputContext` if it takes an argument) or, on
+TensorFlow, a `tf.data.Dataset` (tf copies it to every worker); the
 dataset must repeat and `steps_per_epoch` is required. Each epoch schedules
 `steps_per_epoch / steps_per_execution` steps, joins, and reads the epoch's
 logs from the metrics (on the parameter servers, updated by every worker);
@@ -53,11 +54,22 @@ def check_fit_arguments(model: Any, bound: dict) -> None:
     from keras_dist._parameter_server import DatasetCreator
 
     x = bound.get("x")
-    if not isinstance(x, DatasetCreator) and not (callable(x) and not hasattr(x, "element_spec")):
+    if _is_tf_dataset(x):
+        from keras_dist.backends import backend_name
+
+        if backend_name() != "tensorflow":
+            raise ValueError(
+                "fit under ParameterServerStrategy on JAX takes a dataset function, not a "
+                "tf.data.Dataset: the workers are Ray actors, which a dataset made here "
+                "cannot be sent to. Pass keras_dist.experimental.DatasetCreator(dataset_fn), "
+                "where dataset_fn(input_context) makes the repeated, batched dataset on "
+                "each worker, with steps_per_epoch."
+            )
+    elif not isinstance(x, DatasetCreator) and not callable(x):
         raise ValueError(
-            "fit under ParameterServerStrategy takes a dataset function, not "
-            f"{type(x).__name__}: each worker makes its own input. Pass "
-            "keras_dist.experimental.DatasetCreator(dataset_fn) or dataset_fn "
+            "fit under ParameterServerStrategy takes a dataset function (or, on TensorFlow, "
+            f"a tf.data.Dataset), not {type(x).__name__}: each worker reads its own input. "
+            "Pass keras_dist.experimental.DatasetCreator(dataset_fn) or dataset_fn "
             "itself, where dataset_fn(input_context) returns a repeated, batched "
             "dataset, with steps_per_epoch."
         )
@@ -80,6 +92,11 @@ def check_fit_arguments(model: Any, bound: dict) -> None:
                 f"fit under ParameterServerStrategy does not take {name}= with a "
                 f"dataset function: {fix}."
             )
+
+
+def _is_tf_dataset(x: Any) -> bool:
+    """A tf.data.Dataset (not a function making one)."""
+    return hasattr(x, "element_spec") and not callable(x) and hasattr(x, "take")
 
 
 def _host_logs(logs: Any) -> dict:
@@ -133,7 +150,8 @@ def fit(model: Any, strategy: Any, bound: dict) -> Any:
     per_call = int(getattr(model, "steps_per_execution", 1) or 1)
 
     if not _fully_built(model):  # build on the coordinator from one batch
-        batch = next(iter(call_dataset_fn(dataset_fn, InputContext(1, 0, 1))))
+        source = dataset_fn if _is_tf_dataset(dataset_fn) else call_dataset_fn(dataset_fn, InputContext(1, 0, 1))
+        batch = next(iter(source))
         with strategy.scope():  # the metrics' and optimizer's variables are the strategy's
             model._symbolic_build(data_batch=batch)
     coordinator = ClusterCoordinator(strategy)

@@ -102,7 +102,10 @@ class ClusterCoordinator:
     def create_per_worker_dataset(self, dataset_fn: Callable) -> Any:
         """A dataset on every worker, made there by `dataset_fn` (called
         with a `keras_dist.InputContext` if it takes an argument: one input
-        pipeline, this worker's, as tf.distribute does)."""
+        pipeline, this worker's, as tf.distribute does). On TensorFlow a
+        `tf.data.Dataset` is taken too: tf copies it to every worker."""
+        if hasattr(dataset_fn, "element_spec") and not callable(dataset_fn):
+            return get_adapter().create_per_worker_dataset(self._engine, dataset_fn)
         if not callable(dataset_fn):
             raise TypeError(
                 "create_per_worker_dataset takes a function that makes the "

@@ -250,7 +250,7 @@ for mode, steps in JOBS:
         errors = {}
         cases = {
             "missing steps_per_epoch": lambda: model.fit(dataset_fn, epochs=1),
-            "a dataset, not a function": lambda: model.fit(dataset_fn(), steps_per_epoch=2),
+            "a list, not a function": lambda: model.fit([(X[:8], Y[:8])], steps_per_epoch=2),
             "arrays, not a function": lambda: model.fit(X, Y, steps_per_epoch=2),
             "batch_size with a function": lambda: model.fit(dataset_fn, steps_per_epoch=2, batch_size=8),
             "train_on_batch": lambda: model.train_on_batch(X[:8], Y[:8]),

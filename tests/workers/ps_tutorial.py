@@ -17,9 +17,10 @@ Changes beyond the renaming, each needed by Keras 3 or by the backend:
 - Keras 3 spellings: `keras.optimizers.SGD` for `tf.keras.optimizers.legacy.SGD`,
   `keras.Input` before the first layer, `keras.layers.StringLookup`/`Normalization`
   as Keras 3 has them;
-- the fit section passes its dataset function as
+- the fit section runs twice: with
   `keras_dist.experimental.DatasetCreator(dataset_fn)` (the tutorial's
-  earlier text; its latest passes a `tf.data.Dataset`);
+  earlier text) and with a `tf.data.Dataset` (its latest; TensorFlow only:
+  on JAX that is a clear error, tested in tests/test_parameter_server.py);
 - on JAX, where keras_dist starts the workers and ps as Ray actors,
   `create_in_process_cluster` makes no `Server` (keras_dist.Server says
   so on JAX), the fit section's data are NumPy (not tf.data: each Ray
@@ -157,6 +158,26 @@ report["fit_iterations"] = int(keras.ops.convert_to_numpy(model.optimizer.iterat
 report["fit_epochs"] = len(history.history["loss"])
 report["fit_loss_finite"] = bool(np.all(np.isfinite(history.history["loss"])))
 report["checkpoint_written"] = os.path.exists(ckpt_filepath)
+
+# The tutorial's latest text: a tf.data.Dataset straight to fit (tf copies it
+# to every worker). On JAX (Ray workers) that is a clear error, tested in
+# tests/test_parameter_server.py.
+if BACKEND == "tensorflow":
+    global_batch_size = 64
+
+    x = tf.random.uniform((10, 10))
+    y = tf.random.uniform((10, 1))
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10).repeat()
+    dataset = dataset.batch(global_batch_size)
+    dataset = dataset.prefetch(2)
+
+    with strategy.scope():
+        model = keras.models.Sequential([keras.Input((10,)), keras.layers.Dense(10)])
+        model.compile(keras.optimizers.SGD(), loss="mse", steps_per_execution=10)
+
+    model.fit(dataset, epochs=5, steps_per_epoch=20, verbose=0)
+    report["fit_dataset_iterations"] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
 
 
 # -- Training with a custom training loop (TensorFlow code) --------------------

@@ -860,6 +860,13 @@ def done(coordinator: Cluster) -> bool:
 def create_per_worker_dataset(coordinator: Cluster, dataset_fn):
     import ray.cloudpickle as cloudpickle
 
+    if hasattr(dataset_fn, "element_spec") and not callable(dataset_fn):
+        raise TypeError(
+            "On JAX the workers are Ray actors, which a tf.data.Dataset made here cannot be "
+            "sent to: pass a function that makes it on each worker, e.g. "
+            "keras_dist.experimental.DatasetCreator(lambda input_context: make_dataset()) "
+            "for fit, or coordinator.create_per_worker_dataset(make_dataset)."
+        )
     coordinator.start()
     if not callable(dataset_fn):
         raise TypeError("create_per_worker_dataset takes a function that makes the dataset.")

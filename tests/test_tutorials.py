@@ -223,6 +223,8 @@ def test_tensorflow_parameter_server_tutorial(tmp_path):
     assert report["checkpoint_written"]
     if BACKEND == "tensorflow":
         assert report["fit_dataset_iterations"] == 100  # a tf.data.Dataset given to fit, as the tutorial now does
+        # after the coordinator connected: this process's one CPU, not every task's
+        assert report["mirrored_devices_after_coordinator"] == ["cpu:0"] and report["mirrored_fit_after_coordinator"]
     if BACKEND == "tensorflow":
         assert report["embedding_shards"] == 2  # MinSizePartitioner split it over the 2 ps
         assert report["loop_iterations"] == 21

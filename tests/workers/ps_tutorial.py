@@ -291,6 +291,18 @@ if BACKEND == "tensorflow":
     report["loop_accuracy"] = float(accuracy.result().numpy())
     report["loop_final_loss"] = float(loss.fetch())
 
+# Not the tutorial: once a ClusterCoordinator has connected this process to
+# the cluster, a MirroredStrategy of this process's own devices (TF listed
+# every task's "cpu:0", and its scope failed: "No duplicates allowed").
+if BACKEND == "tensorflow":
+    mirrored = keras_dist.MirroredStrategy()
+    report["mirrored_devices_after_coordinator"] = list(mirrored.extended.worker_devices)
+    with mirrored.scope():
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(), loss="mse")
+    history = model.fit(np.ones((8, 10), "float32"), np.ones((8, 1), "float32"), batch_size=4, verbose=0)
+    report["mirrored_fit_after_coordinator"] = bool(np.isfinite(history.history["loss"][-1]))
+
 with open(OUT + ".tmp", "w") as handle:
     json.dump(report, handle)
 os.replace(OUT + ".tmp", OUT)

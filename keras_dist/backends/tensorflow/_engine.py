@@ -27,12 +27,23 @@ from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToO
 def visible_devices() -> tuple[str, ...]:
     """This worker's devices."""
     engine = _multi_worker["engine"]
-    devices = (
-        tf.config.list_logical_devices()
-        if engine is None
-        else _task_devices(engine.extended._worker_device)
-    )
+    if engine is not None:
+        devices = _task_devices(engine.extended._worker_device)
+    else:
+        devices = tf.config.list_logical_devices()
+        if any(d.name.startswith("/job:") for d in devices):
+            # connected to a cluster (a ClusterCoordinator's): TF lists every
+            # task's devices; this process's are those of its own task
+            devices = _task_devices(_local_task())
     return tuple(_devices.canonical_device(d.name) for d in devices)
+
+
+def _local_task() -> str:
+    """"/job:<job>/task:<i>" of this process in its cluster."""
+    from tensorflow.python.eager import context as tf_context
+
+    parts = tf_context.context().host_address_space().strip("/").split("/")
+    return "/" + "/".join(p for p in parts if not p.startswith("replica:"))
 
 
 def _task_devices(worker_device: str, device_type=None) -> list:
@@ -239,8 +250,13 @@ def is_multi_process() -> bool:
 
 
 def _tf_device(canonical: str) -> str:
+    """tf's full name of this process's device `canonical` ("cpu:1"): under
+    its own task's name once it is connected to a cluster (a
+    ClusterCoordinator's: "/job:chief/..."), else "/job:localhost/..."."""
     kind, index = canonical.split(":")
-    return f"/job:localhost/replica:0/task:0/device:{kind.upper()}:{index}"
+    from tensorflow.python.eager import context as tf_context
+
+    return f"{tf_context.context().host_address_space()}/device:{kind.upper()}:{index}"
 
 
 class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):

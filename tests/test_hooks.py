@@ -264,6 +264,13 @@ def _probe_dropout(mirrored, tmp_path):
     return model.get_weights()
 
 
+def _probe_synchronized_batch_norm(mirrored, tmp_path):
+    """JAX: BatchNormalization(synchronized=True) made under a strategy
+    (Keras refuses it in the constructor on JAX)."""
+    with mirrored(2).scope():
+        return keras.layers.BatchNormalization(synchronized=True).synchronized
+
+
 def _probe_optimizer_apply(mirrored, tmp_path):
     """An optimizer applied in cross-replica context is refused, leaving the
     weights as they were; on TensorFlow, one first applied inside
@@ -434,6 +441,7 @@ PROBES = {
     "keras.src.losses.loss:scale_loss_for_distribution": _probe_replica_fit,
     "keras.src.losses.loss:unscale_loss_for_distribution": _probe_per_output_losses,
     "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments": _probe_replica_fit,
+    "keras.src.layers.normalization.batch_normalization:BatchNormalization.__init__": _probe_synchronized_batch_norm,
     f"{_TRAINER}._aggregate_additional_loss": _probe_replica_fit,
     f"{_JAX_TRAINER}:JAXTrainer.compute_loss_and_updates": _probe_replica_fit,
     **{f"{_JAX_TRAINER}:JAXTrainer.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},

@@ -71,6 +71,12 @@ HOOKS: tuple = (
         purpose="replica step: undo that scaling for the logged loss",
     ),
     Hook(
+        "keras.src.layers.normalization.batch_normalization:BatchNormalization.__init__",
+        _losses.wrap_batch_norm_init,
+        _JAX,
+        purpose="take synchronized=True under a strategy (keras_dist synchronizes every BatchNorm there)",
+    ),
+    Hook(
         "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
         _losses.wrap_moments,
         purpose="replica step: moments of the global batch",

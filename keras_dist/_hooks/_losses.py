@@ -11,6 +11,8 @@ across replicas. In custom loops, an averaging Keras loss inside
 
 from __future__ import annotations
 
+import inspect
+
 import keras
 
 from keras_dist import _context, _shard
@@ -88,6 +90,27 @@ def wrap_reduce_values(original):
         return reduced
 
     return reduce_values
+
+
+def wrap_batch_norm_init(original):
+    """`BatchNormalization(synchronized=True)` under a keras_dist strategy
+    on JAX: taken (Keras on JAX refuses it in the constructor), since
+    keras_dist synchronizes every BatchNormalization under a strategy
+    (`wrap_moments`). Outside a strategy, Keras' own refusal stands."""
+
+    signature = inspect.signature(original)
+
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        if not bound.arguments.get("synchronized") or _context.current_strategy() is None:
+            return original(self, *args, **kwargs)
+        bound.arguments["synchronized"] = False
+        original(*bound.args, **bound.kwargs)
+        self.synchronized = True
+
+    # Keras reads the constructor's parameters (its auto config) from this
+    __init__.__signature__ = signature
+    return __init__
 
 
 def wrap_moments(original):

@@ -293,7 +293,8 @@ class Strategy:
                 "strategy.run(fn, kwargs=...) takes a dict of keyword arguments, got "
                 f"{type(kwargs).__name__}; positional arguments go in args=(...)."
             )
-        _check_per_replica_arguments(self.num_replicas_in_sync, (args, dict(kwargs or {})))
+        local_replicas = self.num_replicas_in_sync // max(1, self._extended.num_workers)
+        _check_per_replica_arguments(local_replicas, (args, dict(kwargs or {})))
         heartbeat.beat()
         with self.scope():
             return get_adapter().run(self, self._extended.engine, fn, tuple(args), dict(kwargs or {}))
@@ -494,27 +495,30 @@ class RunOptions:
 
 
 def _check_per_replica_arguments(num_replicas: int, arguments: Any) -> None:
-    """Refuses a `PerReplica` argument whose number of values is not the
-    strategy's replica count (replicas would get no value, or values would
+    """Refuses a `PerReplica` argument whose number of values is not this
+    worker's replica count (replicas would get no value, or values would
     be dropped)."""
     from keras_dist._values import PerReplica
 
-    def per_replica(value):
+    found: list = []
+
+    def collect(value):  # no generator: autograph converts run's callees, and warns on them
         if isinstance(value, PerReplica):
-            yield value
+            found.append(value)
         elif isinstance(value, (list, tuple)):
             for item in value:
-                yield from per_replica(item)
+                collect(item)
         elif isinstance(value, collections.abc.Mapping):
             for item in value.values():
-                yield from per_replica(item)
+                collect(item)
 
-    for leaf in per_replica(arguments):
+    collect(arguments)
+    for leaf in found:
         count = getattr(leaf, "num_replicas", None) or len(leaf.values)
         if count != num_replicas:
             raise ValueError(
                 f"strategy.run got a PerReplica of {count} values on a strategy of "
-                f"{num_replicas} replicas: it needs one value per replica. Make it with "
+                f"{num_replicas} replicas (on this worker): it needs one value per replica. Make it with "
                 "strategy.experimental_distribute_values_from_function(fn) (fn is called once per "
                 "replica) or experimental_distribute_dataset."
             )

@@ -293,8 +293,7 @@ class Strategy:
                 "strategy.run(fn, kwargs=...) takes a dict of keyword arguments, got "
                 f"{type(kwargs).__name__}; positional arguments go in args=(...)."
             )
-        local_replicas = self.num_replicas_in_sync // max(1, self._extended.num_workers)
-        _check_per_replica_arguments(local_replicas, (args, dict(kwargs or {})))
+        _check_per_replica_arguments(self, (args, dict(kwargs or {})))
         heartbeat.beat()
         with self.scope():
             return get_adapter().run(self, self._extended.engine, fn, tuple(args), dict(kwargs or {}))
@@ -494,10 +493,12 @@ class RunOptions:
     experimental_xla_options: Any = None
 
 
-def _check_per_replica_arguments(num_replicas: int, arguments: Any) -> None:
-    """Refuses a `PerReplica` argument whose number of values is not this
-    worker's replica count (replicas would get no value, or values would
-    be dropped)."""
+def _check_per_replica_arguments(strategy: Any, arguments: Any) -> None:
+    """Refuses a `PerReplica` argument whose number of values is not the
+    replica count (replicas would get no value, or values would be
+    dropped): a PerReplica of values holds this worker's replicas'; one of
+    the engine's that says how many it spans (JAX's global arrays), all of
+    them."""
     from keras_dist._values import PerReplica
 
     found: list = []
@@ -513,8 +514,10 @@ def _check_per_replica_arguments(num_replicas: int, arguments: Any) -> None:
                 collect(item)
 
     collect(arguments)
+    local = strategy.num_replicas_in_sync // max(1, strategy.extended.num_workers)
     for leaf in found:
-        count = getattr(leaf, "num_replicas", None) or len(leaf.values)
+        spans = getattr(leaf, "num_replicas", None)
+        count, num_replicas = (spans, strategy.num_replicas_in_sync) if spans else (len(leaf.values), local)
         if count != num_replicas:
             raise ValueError(
                 f"strategy.run got a PerReplica of {count} values on a strategy of "

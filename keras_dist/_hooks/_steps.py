@@ -100,29 +100,43 @@ def _check_replica_context(optimizer) -> None:
     )
 
 
-#: id(optimizer) -> depth: optimizers whose `apply` runs on gradients
-#: already summed over the replicas (process-wide: Keras' LossScaleOptimizer
-#: calls its inner optimizer from replica threads tf starts anew).
-_presummed: dict = {}
-_presummed_lock = threading.Lock()
+#: Optimizers whose `apply` runs on gradients already summed over the
+#: replicas. Per thread for an optimizer's own apply: replica threads run
+#: at once (MultiWorkerMirroredStrategy has no merge_call between them), and
+#: one replica's mark must not tell another that its gradients are summed.
+_local = threading.local()
+#: id(inner optimizer) -> depth, process-wide: Keras' LossScaleOptimizer
+#: calls its inner optimizer from replica threads tf starts anew; every
+#: caller of that inner optimizer comes through the LossScaleOptimizer hook,
+#: which sums first.
+_inner_presummed: dict = {}
+_inner_lock = threading.Lock()
+
+
+def _thread_marks() -> dict:
+    marks = getattr(_local, "presummed", None)
+    if marks is None:
+        marks = _local.presummed = {}
+    return marks
 
 
 @contextlib.contextmanager
-def _gradients_presummed(optimizer):
+def _gradients_presummed(optimizer, across_threads: bool = False):
     key = id(optimizer)
-    with _presummed_lock:
-        _presummed[key] = _presummed.get(key, 0) + 1
+    marks, lock = (_inner_presummed, _inner_lock) if across_threads else (_thread_marks(), contextlib.nullcontext())
+    with lock:
+        marks[key] = marks.get(key, 0) + 1
     try:
         yield
     finally:
-        with _presummed_lock:
-            _presummed[key] -= 1
-            if not _presummed[key]:
-                del _presummed[key]
+        with lock:
+            marks[key] -= 1
+            if not marks[key]:
+                del marks[key]
 
 
 def _is_presummed(optimizer) -> bool:
-    return id(optimizer) in _presummed
+    return id(optimizer) in _thread_marks() or id(optimizer) in _inner_presummed
 
 
 def _summed_for_apply(grads):
@@ -204,7 +218,7 @@ def wrap_loss_scale_apply(original):
         if summed is None:
             return original(self, grads, trainable_variables)
         _check_loss_scaling_supported(self)
-        with _gradients_presummed(self.inner_optimizer):
+        with _gradients_presummed(self.inner_optimizer, across_threads=True):
             return original(self, summed, trainable_variables)
 
     return apply

@@ -916,7 +916,9 @@ class TrainStep:
             raise ValueError("fit on a ParameterServerStrategy needs a model with trainable variables.")
         program = _worker_program(model)
         total = None
-        for _ in range(int(getattr(model, "steps_per_execution", 1) or 1)):
+        for step in range(int(getattr(model, "steps_per_execution", 1) or 1)):
+            if step:  # each step reads the variables as the ps hold them now, as tf's steps do
+                runtime.pull(copy)
             data = next(iterator)
             grads, non_trainable, (logs, deltas) = program(
                 [v.value for v in model.trainable_variables],

@@ -525,8 +525,9 @@ def test_iterating_a_distributed_dataset_inside_a_tf_function():
     """`iter(dist_dataset)` and a `for` loop over it inside a `tf.function`
     (tensorflow.org's custom-training tutorial does both) on 4 simulated
     devices: it waited forever for one of TF's inter-op threads (one per
-    core; plain tf.distribute too); simulate_cpu_devices gives the pool 4 a
-    device. Run in a thread so a regression fails here instead of hanging."""
+    core; plain tf.distribute too); simulate_cpu_devices gives the pool 2
+    more than devices. Run in a thread so a regression fails here instead of
+    hanging."""
     import threading
 
     import tensorflow as tf

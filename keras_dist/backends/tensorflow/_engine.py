@@ -63,15 +63,16 @@ def simulate_cpu_devices(count: int) -> None:
     TF sizes its inter-op thread pool by the cores, not the devices: with 4
     logical devices on 2 cores, a `tf.function` that makes an iterator over
     a distributed dataset (a multi-device iterator) waited forever for a
-    thread (plain tf.distribute too). Unless the user set it, the pool gets
-    4 threads a device, as keras_dist gives XLA's CPU pools on JAX."""
+    thread (plain tf.distribute too; 3 threads suffice there, 2 hang).
+    Unless the user set it, the pool gets at least 2 threads more than
+    devices (more would spin idle on few cores)."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
         )
         if tf.config.threading.get_inter_op_parallelism_threads() == 0:  # TF's default: one per core
-            tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, 4 * count))
+            tf.config.threading.set_inter_op_parallelism_threads(max(os.cpu_count() or 1, count + 2))
     except RuntimeError as error:
         current = len(tf.config.list_logical_devices("CPU"))
         if current == count:

@@ -226,11 +226,12 @@ def wrap_loss_scale_apply(original):
 
 def wrap_backend_apply_gradients(original):
     """TensorFlow, gradient accumulation (`gradient_accumulation_steps`)
-    under a strategy (one replica too: tf's OneDeviceStrategy): Keras chooses between accumulating and updating
-    with a `cond` in replica context around tf synchronisation points,
-    which tf refuses ("merge_call called while defining a new graph", as in
-    plain tf.distribute). Refused here, naming what works, as the first
-    step is traced (before any variable changes)."""
+    under a strategy (one replica too: tf's OneDeviceStrategy): Keras
+    chooses between accumulating and updating with a `cond` in replica
+    context around tf synchronisation points, which tf refuses ("merge_call
+    called while defining a new graph", as in plain tf.distribute). Refused
+    here, naming what works, as the first step is traced (before any
+    variable changes)."""
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         if self.gradient_accumulation_steps and _context.current_strategy() is not None:

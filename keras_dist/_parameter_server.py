@@ -168,6 +168,12 @@ class DatasetCreator:
         return f"DatasetCreator({self.dataset_fn!r})"
 
 
+def is_dataset_object(x: Any) -> bool:
+    """A dataset already made (it has an `element_spec` and is not a
+    function making one)."""
+    return hasattr(x, "element_spec") and not callable(x)
+
+
 def call_dataset_fn(dataset_fn: Callable, input_context: Any) -> Any:
     """`dataset_fn(input_context)`, or `dataset_fn()` if it takes no argument."""
     import inspect

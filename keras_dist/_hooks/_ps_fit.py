@@ -95,8 +95,10 @@ def check_fit_arguments(model: Any, bound: dict) -> None:
 
 
 def _is_tf_dataset(x: Any) -> bool:
-    """A tf.data.Dataset (not a function making one)."""
-    return hasattr(x, "element_spec") and not callable(x) and hasattr(x, "take")
+    """A tf.data.Dataset (not a function making one, nor a distributed dataset)."""
+    from keras_dist._parameter_server import is_dataset_object
+
+    return is_dataset_object(x) and hasattr(x, "take")
 
 
 def _host_logs(logs: Any) -> dict:

@@ -104,7 +104,9 @@ class ClusterCoordinator:
         with a `keras_dist.InputContext` if it takes an argument: one input
         pipeline, this worker's, as tf.distribute does). On TensorFlow a
         `tf.data.Dataset` is taken too: tf copies it to every worker."""
-        if hasattr(dataset_fn, "element_spec") and not callable(dataset_fn):
+        from keras_dist._parameter_server import call_dataset_fn, is_dataset_object
+
+        if is_dataset_object(dataset_fn):
             return get_adapter().create_per_worker_dataset(self._engine, dataset_fn)
         if not callable(dataset_fn):
             raise TypeError(
@@ -113,7 +115,6 @@ class ClusterCoordinator:
                 " Wrap it: coordinator.create_per_worker_dataset(lambda: dataset)."
             )
         from keras_dist._input import InputContext
-        from keras_dist._parameter_server import call_dataset_fn
 
         def per_worker_dataset_fn():
             return call_dataset_fn(dataset_fn, InputContext(1, 0, 1))

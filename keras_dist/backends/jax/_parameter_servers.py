@@ -860,7 +860,9 @@ def done(coordinator: Cluster) -> bool:
 def create_per_worker_dataset(coordinator: Cluster, dataset_fn):
     import ray.cloudpickle as cloudpickle
 
-    if hasattr(dataset_fn, "element_spec") and not callable(dataset_fn):
+    from keras_dist._parameter_server import is_dataset_object
+
+    if is_dataset_object(dataset_fn):
         raise TypeError(
             "On JAX the workers are Ray actors, which a tf.data.Dataset made here cannot be "
             "sent to: pass a function that makes it on each worker, e.g. "

@@ -48,7 +48,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
+
+from keras_dist import _error_file
 
 __all__ = ["free_ports", "launch", "main", "cli"]
 
@@ -58,6 +61,11 @@ GRACE_SECONDS = 5.0
 # How often the launcher checks on its workers.
 _POLL_SECONDS = 0.05
 _PREFIX = "keras-dist launch: "
+#: Seconds the other workers get to end on their own after one failed.
+_SETTLE_SECONDS = 1.0
+#: ... and when one recorded an exception (keras_dist's own ending: the
+#: others stop within a few seconds, JAX's chief up to 6.5 s after them).
+_SETTLE_RECORDED_SECONDS = 10.0
 _TIMEOUT_EXIT_CODE = 124
 
 
@@ -149,15 +157,55 @@ _GLOO_CONNECTED = re.compile(
 )
 
 
-def _pump(pipe, prefix: bytes, stream_name: str, output: _Output, progress: "_Progress", index: int) -> None:
+#: One piece of a worker's output: a line (ends in "\n") or a progress-bar
+#: update (ends in "\r": Keras redraws its bar in place with "\b...\r").
+_SEGMENT = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
+#: How many of a worker's last stderr lines the failure report can show.
+RECENT_LINES = 20
+
+
+def _pump(pipe, prefix: bytes, stream_name: str, output: "_Output", progress: "_Progress", index: int,
+          recent=None, log=None) -> None:
+    """Forwards a worker's output as it arrives, not only at line ends, so
+    Keras' progress bar (redrawn with "\r", no newline until the epoch
+    ends) stays live: each update is written as `prefix + bar + "\r"`."""
+    fd = pipe.fileno()
+    pending = b""
     with pipe:
-        for line in iter(pipe.readline, b""):
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
             progress.record(index)
-            if _GLOO_CONNECTED.match(line):
-                continue
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            output.write(getattr(sys, stream_name), prefix + line)
+            if log is not None:
+                log.write(chunk)
+                log.flush()
+            pending += chunk
+            end = 0
+            for match in _SEGMENT.finditer(pending):
+                if match.end() == len(pending) and pending.endswith(b"\r"):
+                    break  # a "\r" that may be the start of "\r\n": wait
+                end = match.end()
+                _forward(match.group(), prefix, stream_name, output, recent)
+            pending = pending[end:]
+        if pending:
+            _forward(pending + b"\n", prefix, stream_name, output, recent)
+
+
+def _forward(segment: bytes, prefix: bytes, stream_name: str, output: "_Output", recent) -> None:
+    text = segment.replace(b"\b", b"")
+    if text.endswith(b"\n"):
+        line = text.rstrip(b"\r\n")
+        if _GLOO_CONNECTED.match(line + b"\n"):
+            return
+        if recent is not None:
+            recent.append(line.decode("utf-8", errors="replace"))
+        output.write(getattr(sys, stream_name), prefix + line + b"\n")
+    elif text.rstrip(b"\r"):  # a progress update (an empty one only moves the cursor)
+        output.write(getattr(sys, stream_name), prefix + text)
 
 
 def _process_state(pid: int) -> str:
@@ -236,14 +284,14 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _describe(index: int, returncode: int) -> str:
+def _describe(label: str, returncode: int) -> str:
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        return f"worker {index} exited with code {_exit_code(returncode)} (killed by {name})"
-    return f"worker {index} exited with code {returncode}"
+        return f"{label} exited with code {_exit_code(returncode)} (killed by {name})"
+    return f"{label} exited with code {returncode}"
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -272,11 +320,82 @@ def _stop(processes: list[subprocess.Popen], grace: float) -> None:
 
 
 class _Outcome:
-    def __init__(self, kind: str, index: int = -1, returncode: int = 0, detail: str = "") -> None:
+    def __init__(self, kind: str, index: int = -1, returncode: int = 0, detail: str = "", label: str = "") -> None:
         self.kind = kind  # "ok", "failed", "stalled", "timeout" or "signal"
         self.index = index
         self.returncode = returncode
         self.detail = detail
+        self.label = label or f"worker {index}"
+        #: Lines that explain a failure: the root cause's traceback.
+        self.report: list[str] = []
+        #: The task whose exception came first (its error file), if any.
+        self.root: tuple[str, int] | None = None
+
+
+#: How many lines of the root cause's traceback the failure report shows.
+REPORT_LINES = 12
+
+
+def _note_exits(processes, exit_seen) -> None:
+    now = time.time()
+    for index, process in enumerate(processes):
+        if exit_seen[index] is None and process.poll() is not None:
+            exit_seen[index] = now
+
+
+#: Exceptions that say another task failed first (never the root cause
+#: while a task failed otherwise).
+_SECONDARY = ("PeerWorkerError",)
+
+
+def _failure_report(outcome: "_Outcome", tasks, ended, error_files, recent, exit_seen) -> list[str]:
+    """What a failed job says: which task failed first and how (its
+    traceback's last lines, from its error file; for a task that ended
+    without one, e.g. killed by a signal, its last stderr lines), then how
+    every task ended. The root cause is the earliest failure, a task's own
+    exception before a `PeerWorkerError` (a collective that lost a peer).
+    Sets `outcome.root`."""
+    candidates = []
+    for index, path in enumerate(error_files):
+        record = _error_file.read(path)
+        code = ended[index] if index < len(ended) else None
+        if record is not None:
+            candidates.append((record.get("type") in _SECONDARY, record.get("time", 0.0), index, record))
+        elif code not in (None, 0) and exit_seen[index] is not None:
+            candidates.append((False, exit_seen[index], index, None))
+    lines = []
+    if not candidates:
+        return ["when the launcher stopped the job: " + _states(tasks, ended)]
+    _, _, index, record = min(candidates, key=lambda c: c[:3])
+    code = ended[index]
+    label = tasks[index][3]
+    outcome.root = (label, code if code else outcome.returncode)
+    if record is not None:
+        message = (record.get("message") or "").strip().splitlines()
+        lines.append(
+            f"root cause (the first exception): {label} raised {record['type']}"
+            + (f": {message[0][:200]}" if message else "")
+            + (f" (exit code {_exit_code(code)})" if code is not None else "")
+        )
+        body = record["traceback"].rstrip("\n").splitlines()
+        shown = body[-REPORT_LINES:]
+        if len(body) > len(shown):
+            lines.append(f"  ... ({len(body) - len(shown)} lines above; the whole traceback is in the output)")
+        lines += [f"  | {line}" for line in shown]
+    else:
+        last = list(recent[index])[-REPORT_LINES:]
+        lines.append(f"root cause (the first to fail): {_describe(label, code)}"
+                     + ("; its last lines on stderr:" if last else "; it wrote nothing on stderr"))
+        lines += [f"  | {line}" for line in last]
+    lines.append("when the launcher stopped the job: " + _states(tasks, ended))
+    return lines
+
+
+def _states(tasks, ended) -> str:
+    return "; ".join(
+        f"{tasks[index][3]}: " + ("running (stopped by the launcher)" if code is None else f"exit code {_exit_code(code)}")
+        for index, code in enumerate(ended)
+    )
 
 
 def _run_attempt(
@@ -291,6 +410,7 @@ def _run_attempt(
     signals: _Signals,
     output: _Output,
     num_ps: int = 0,
+    log_dir: str | None = None,
 ) -> _Outcome:
     tasks = _parameter_server_tasks(command, num_workers, num_ps, host, backend, base_env) if num_ps else None
     if tasks is None:
@@ -308,6 +428,12 @@ def _run_attempt(
     pumps: list[threading.Thread] = []
     heartbeats = tempfile.mkdtemp(prefix="keras-dist-heartbeat-")
     progress = _Progress(len(tasks), heartbeats)
+    error_files = [os.path.join(heartbeats, f"task{i}.error.json") for i in range(len(tasks))]
+    recent = [deque(maxlen=RECENT_LINES) for _ in tasks]
+    exit_seen: list[float | None] = [None] * len(tasks)  # when each was first seen exited
+    logs = []
+    output.message(_start_line(tasks, cluster, coordinator, backend, base_env, attempt, log_dir))
+    outcome = None
     try:
         for index, (task_command, task_type, task_index, label) in enumerate(tasks):
             env = dict(base_env)
@@ -319,6 +445,7 @@ def _run_attempt(
                 KERAS_DIST_WORKER_INDEX=str(task_index),
                 KERAS_DIST_RESTART=str(attempt),
                 KERAS_DIST_HEARTBEAT_FILE=progress.files[index],
+                KERAS_DIST_ERROR_FILE=error_files[index],
             )
             if num_ps:
                 env["KERAS_DIST_NUM_PS"] = str(num_ps)
@@ -336,9 +463,16 @@ def _run_attempt(
             )
             processes.append(process)
             prefix = f"[{label}] ".encode()
+            log = None
+            if log_dir is not None:
+                suffix = f".attempt{attempt}" if attempt else ""
+                log = open(os.path.join(log_dir, f"{label.replace(' ', '')}{suffix}.log"), "ab")
+                logs.append(log)
             for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
                 pump = threading.Thread(
-                    target=_pump, args=(pipe, prefix, name, output, progress, index), daemon=True,
+                    target=_pump,
+                    args=(pipe, prefix, name, output, progress, index, recent[index] if name == "stderr" else None, log),
+                    daemon=True,
                     name=f"keras-dist-{label.replace(' ', '')}-{name}",
                 )
                 pump.start()
@@ -348,6 +482,7 @@ def _run_attempt(
             if signals.received is not None:
                 return _Outcome("signal")
             running = False
+            _note_exits(processes, exit_seen)
             for index, process in enumerate(processes):
                 if index not in decisive:
                     continue
@@ -355,7 +490,8 @@ def _run_attempt(
                 if returncode is None:
                     running = True
                 elif returncode != 0:
-                    return _Outcome("failed", index, returncode)
+                    outcome = _Outcome("failed", index, returncode, label=tasks[index][3])
+                    return outcome
             if not running:
                 return _Outcome("ok")
             if stall_timeout is not None and all(
@@ -370,10 +506,44 @@ def _run_attempt(
                 wait = min(wait, left)
             signals.event.wait(wait)
     finally:
+        if outcome is not None:
+            # A moment for the others to end on their own (keras_dist ends
+            # them when a worker fails), with their own last lines.
+            # When a task recorded an exception, keras_dist is ending the
+            # others itself (on JAX the chief goes last): wait for that.
+            recorded = any(os.path.exists(path) for path in error_files)
+            settle = time.monotonic() + (_SETTLE_RECORDED_SECONDS if recorded else _SETTLE_SECONDS)
+            while time.monotonic() < settle and any(p.poll() is None for p in processes):
+                _note_exits(processes, exit_seen)
+                time.sleep(_POLL_SECONDS)
+            _note_exits(processes, exit_seen)
+        ended = [p.poll() for p in processes]  # before the launcher stops the rest
         _stop(processes, GRACE_SECONDS)
         for pump in pumps:
             pump.join(timeout=2.0)
+        for log in logs:
+            log.close()
+        if outcome is not None:
+            outcome.report = _failure_report(outcome, tasks, ended, error_files, recent, exit_seen)
         shutil.rmtree(heartbeats, ignore_errors=True)
+
+
+def _start_line(tasks, cluster, coordinator, backend, base_env, attempt, log_dir) -> str:
+    """What the launcher is about to start, in one line."""
+    what = ", ".join(f"{len(hosts)} {kind}{'s' if len(hosts) > 1 and kind == 'worker' else ''}"
+                     for kind, hosts in cluster.items())
+    addresses = "; ".join(f"{kind} {', '.join(hosts)}" for kind, hosts in cluster.items())
+    started = {task_type for _, task_type, _, _ in tasks}
+    actors = [kind for kind in cluster if kind not in started]
+    line = (
+        f"starting {what} (backend {_backend_of(backend, base_env)}"
+        + (f"; the {' and '.join(actors)} tasks are the strategy's Ray actors, no process here" if actors else "")
+        + (f", restart {attempt}" if attempt else "")
+        + f"): {addresses}; coordinator {coordinator}"
+    )
+    if log_dir is not None:
+        line += f"; logs in {log_dir}"
+    return line
 
 
 def _backend_of(backend: str | None, base_env: Mapping[str, str]) -> str:
@@ -420,6 +590,7 @@ def launch(
     env: Mapping[str, str] | None = None,
     max_time: float | None = None,
     num_ps: int = 0,
+    log_dir: str | os.PathLike | None = None,
 ) -> int:
     """Runs `script` as `num_workers` local workers; returns the exit code.
 
@@ -429,6 +600,9 @@ def launch(
     TensorFlow each of those is a server process (`python -m
     keras_dist.serve`), on JAX there is none (the strategy starts Ray
     actors). The job's outcome is the script's; every process is reaped.
+    With `log_dir`, each process's output also goes, unprefixed, to
+    `log_dir/<task>.log` (`worker0.log`, `chief.log`, `ps0.log`; a
+    restart's to `worker0.attempt1.log`).
 
     `env` is the workers' base environment (default: `os.environ`), to which
     `TF_CONFIG` and the `KERAS_DIST_*` variables are added. A failed worker
@@ -450,38 +624,52 @@ def launch(
         raise ValueError(f"the number of ps tasks must be an integer >= 0, got {num_ps!r}")
     command = [sys.executable, os.fspath(script), *map(str, args)]
     base_env = dict(os.environ if env is None else env)
-    deadline = None if max_time is None else time.monotonic() + max_time
+    if log_dir is not None:
+        log_dir = os.fspath(log_dir)
+        os.makedirs(log_dir, exist_ok=True)
+    started = time.monotonic()
+    deadline = None if max_time is None else started + max_time
     output = _Output()
     attempt = 0
+
+    def finish(code: int, how: str) -> int:
+        restarts = f", {attempt} of {max_restarts} restart(s) used" if max_restarts else ""
+        output.message(f"{how}: exit code {code} after {time.monotonic() - started:.1f} s{restarts}")
+        return code
+
     with _Signals() as signals:
         while True:
             outcome = _run_attempt(
                 command, num_workers, host, base_env, backend, attempt, deadline, timeout,
-                signals, output, num_ps,
+                signals, output, num_ps, log_dir,
             )
             if outcome.kind == "ok":
-                return 0
+                return finish(0, "the job finished, every process exited 0")
             if outcome.kind == "timeout":
                 output.message(f"the job ran past --max-time {max_time:g} s; stopped all workers")
-                return _TIMEOUT_EXIT_CODE
+                return finish(_TIMEOUT_EXIT_CODE, "the job was stopped")
             if outcome.kind == "stalled":
                 output.message(
                     f"no worker made progress (no output, no heartbeat) for --timeout "
                     f"{timeout:g} s ({outcome.detail}); stopped all workers"
                 )
-                return _TIMEOUT_EXIT_CODE
+                return finish(_TIMEOUT_EXIT_CODE, "the job was stopped")
             if outcome.kind == "signal":
                 name = signal.Signals(signals.received).name
                 output.message(f"received {name}; stopped all workers")
-                return 128 + signals.received
-            failure = _describe(outcome.index, outcome.returncode)
+                return finish(128 + signals.received, "the job was stopped")
+            for line in outcome.report:
+                output.message(line)
+            if outcome.root is not None:  # the first to fail, not the first seen exiting
+                outcome.label, outcome.returncode = outcome.root
+            failure = _describe(outcome.label, outcome.returncode)
             if attempt < max_restarts:
                 attempt += 1
                 output.message(f"{failure}; restarting the job (attempt {attempt}/{max_restarts})")
                 continue
             restarts = f" after {attempt} restart(s)" if max_restarts else ""
             output.message(f"{failure}; stopped all workers, the job failed{restarts}")
-            return _exit_code(outcome.returncode)
+            return finish(_exit_code(outcome.returncode), "the job failed")
 
 
 def _positive_float(text: str) -> float:
@@ -517,6 +705,9 @@ def _launch_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-time", type=_positive_float, default=None, metavar="SECONDS",
                         help="stop the whole job after SECONDS, progress or not, and exit 124 "
                         "(default: none)")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="also write each process's output to DIR/<task>.log "
+                        "(worker0.log, ...; default: none)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the workers bind to (default: 127.0.0.1)")
     parser.add_argument("script", help="the Python script each worker runs")
@@ -587,6 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=options.host,
         max_time=options.max_time,
         num_ps=options.ps,
+        log_dir=options.log_dir,
     )
 
 

@@ -3,7 +3,10 @@
 of a job, and the survivor must end within `timeout_seconds` plus a small
 bound with a clear error: keras_dist's `PeerWorkerError`, or the engine's
 own message where the engine ends the process itself (JAX's coordination
-service does when a peer's heartbeat stops).
+service does when a peer's heartbeat stops). A worker that raises an
+uncaught exception at each phase ends the whole job at once, well inside
+`timeout_seconds` (JAX used to wait 5 minutes in its shutdown barrier, then
+dump a C++ stack), and the launcher names it with its traceback.
 
 SIGSTOP runs go through `keras-dist launch`, which must then exit non-zero
 and reap the stopped worker too; SIGKILL runs start the workers directly
@@ -89,3 +92,46 @@ def test_killed_worker_at_each_phase_ends_the_survivor(tmp_path, phase):
     exited = time.time()
     assert codes[dying] == -9
     _check_survivor(outputs[1 - dying], exited, tmp_path, codes[1 - dying], phase)
+
+
+#: The worker that raises at each phase (RAISE): chief and non-chief.
+RAISING = {"startup": 0, "fit": 1, "evaluate": 0, "callback": 1, "exit": 0}
+RAISE_BOUND = 12  # seconds from the exception to the launcher's exit (< TIMEOUT)
+#: Engine dumps that must not appear: JAX's shutdown barrier, its fatal log.
+DUMPS = ("Check failure stack trace", "DEADLINE_EXCEEDED", "Shutdown barrier")
+
+
+@pytest.mark.parametrize("phase", list(RAISING))
+def test_raising_worker_at_each_phase_ends_the_job_at_once(tmp_path, phase):
+    raising = RAISING[phase]
+    command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND,
+               "--timeout", "200", WORKER, str(tmp_path), phase, "RAISE", str(raising), str(TIMEOUT)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=200, env=_env(), cwd=ROOT)
+    exited = time.time()
+    output = done.stdout + done.stderr
+    raised = float((tmp_path / "death_time").read_text())
+    assert done.returncode == 1, output[-3000:]
+    assert exited - raised <= RAISE_BOUND, (exited - raised, output[-3000:])
+    assert f"keras-dist launch: root cause (the first exception): worker {raising} raised" in done.stderr, output[-3000:]
+    report = [line for line in done.stderr.splitlines() if line.startswith("keras-dist launch:   | ")]
+    assert any(f"planted failure at {phase} in worker {raising}" in line for line in report), output[-3000:]
+    assert f"keras-dist launch: worker {raising} exited with code 1; stopped all workers" in done.stderr
+    assert not [dump for dump in DUMPS if dump in output], output[-3000:]
+    for index in range(2):
+        assert _gone(int((tmp_path / f"pid{index}").read_text())), f"worker {index} outlived the launcher"
+
+
+def test_raising_chief_ends_the_other_worker_without_a_launcher(tmp_path):
+    """No launcher to stop the job: the other worker ends itself, at once
+    and cleanly (on JAX the chief hosts the coordination service, whose
+    loss used to end the others with a fatal log and a C++ stack dump)."""
+    codes, outputs = _run_job(tmp_path, 2, ["startup", "RAISE", 0, TIMEOUT], timeout=120, worker=WORKER)
+    exited = time.time()
+    raised = float((tmp_path / "death_time").read_text())
+    assert codes == [1, 1], (codes, outputs[1][-3000:])
+    assert exited - raised <= RAISE_BOUND, (exited - raised, outputs[1][-3000:])
+    assert "RuntimeError: planted failure at startup in worker 0" in outputs[0]
+    survivor = outputs[1]
+    assert not [dump for dump in DUMPS if dump in survivor], survivor[-3000:]
+    if BACKEND == "jax":
+        assert "keras_dist: worker 1 of 2: worker 0 failed (see its traceback); ending this worker too" in survivor

@@ -4,6 +4,7 @@ worker (nor a worker's child) is left running."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,6 +78,21 @@ elif mode == "beat":  # silent, but beats through keras_dist for 4 s
     while time.time() < end:
         _heartbeat.beat()
         time.sleep(0.05)
+elif mode == "raise":  # the last worker raises once all have started; keras_dist imported
+    import keras_dist  # noqa: F401 - under the launcher it records the traceback
+    if index == num_workers - 1:
+        wait_for_all_pids()
+        def read_rows():
+            raise ValueError("bad row 7 in the input")
+        read_rows()
+    time.sleep(60)
+elif mode == "progress":  # Keras' own progress bar over 6 slow steps, then a line
+    from keras.utils import Progbar
+    bar = Progbar(6)
+    for step in range(1, 7):
+        time.sleep(0.4)
+        bar.update(step)
+    print("DONE", flush=True)
 elif mode == "freeze":  # worker 0 stops itself; worker 1 waits, silent
     if index == 0:
         import signal
@@ -179,6 +195,111 @@ def test_failing_worker_stops_the_job(tmp_path, worker):
     assert "worker 1 exited with code 3" in result.stderr
     assert "restarting" not in result.stderr
     _assert_all_gone(tmp_path)  # the failing worker's child too
+
+
+def test_a_raising_worker_is_reported_with_its_traceback(tmp_path, worker):
+    """torchrun's shape: which task failed first, its exception and the
+    end of its traceback, then how every other task ended."""
+    result, elapsed = _run("-n", 2, worker, tmp_path, "raise", timeout=60)
+    err = result.stderr
+    assert result.returncode == 1, result.stdout + err
+    assert elapsed < 20
+    assert "keras-dist launch: root cause (the first exception): worker 1 raised ValueError: " \
+        "bad row 7 in the input (exit code 1)" in err, err
+    report = [line for line in err.splitlines() if line.startswith("keras-dist launch:   | ")]
+    assert report[-1] == "keras-dist launch:   | ValueError: bad row 7 in the input", err
+    assert any("in read_rows" in line for line in report), err
+    assert "keras-dist launch: when the launcher stopped the job: worker 0: running (stopped by the " \
+        "launcher); worker 1: exit code 1" in err, err
+    assert "keras-dist launch: worker 1 exited with code 1; stopped all workers, the job failed" in err
+    assert re.search(r"keras-dist launch: the job failed: exit code 1 after \d+\.\d s$", err.strip()), err
+    _assert_all_gone(tmp_path)
+
+
+def _launcher_line_kinds(text):
+    """The launcher's own lines, reduced to their wording (no numbers,
+    addresses, paths, exception texts or traceback lines)."""
+    kinds = set()
+    for line in text.splitlines():
+        if line.startswith("keras-dist launch: ") and not line.startswith("keras-dist launch:   "):
+            line = re.sub(r"raised .*? \(exit code", "raised X (exit code", line)
+            line = re.sub(r"worker [\d.:, ]+;", "worker ADDRESSES;", line)
+            kinds.add(re.sub(r"\d+(\.\d+)?", "N", line))
+    return kinds
+
+
+def test_the_guide_shows_the_launcher_s_real_failure_output(tmp_path, worker):
+    """guides/multi_worker.md's failure sample has the lines the launcher
+    prints for a failed job, word for word but for numbers and names."""
+    guide = open(os.path.join(ROOT, "guides", "multi_worker.md")).read()
+    sample = guide.split("<!-- launcher-failure-output -->\n```text\n", 1)[1].split("```", 1)[0]
+    result, _ = _run("-n", 2, "--backend", "jax", worker, tmp_path, "raise", timeout=60)
+    assert result.returncode == 1
+    real = _launcher_line_kinds(result.stderr)
+    real.discard(next(k for k in real if k.startswith("keras-dist launch: when the launcher stopped")))
+    shown = _launcher_line_kinds(sample)
+    shown.discard(next(k for k in shown if k.startswith("keras-dist launch: when the launcher stopped")))
+    assert shown == real, (shown ^ real)
+
+
+def test_start_line_and_end_summary(tmp_path, worker):
+    result, _ = _run("-n", 2, "--backend", "jax", worker, tmp_path, "env")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert re.fullmatch(
+        r"keras-dist launch: starting 2 workers \(backend jax\): worker 127\.0\.0\.1:\d+, "
+        r"127\.0\.0\.1:\d+; coordinator 127\.0\.0\.1:\d+", lines[0]
+    ), lines
+    assert re.fullmatch(
+        r"keras-dist launch: the job finished, every process exited 0: exit code 0 after \d+\.\d s", lines[-1]
+    ), lines
+
+
+def test_the_progress_bar_streams_and_log_dir_keeps_each_worker_s_output(tmp_path, worker):
+    """Keras redraws its bar with "\\r" and no newline until the end: the
+    launcher forwards each redraw as it comes, not the whole bar at the end."""
+    logs = tmp_path / "logs"
+    process = subprocess.Popen(
+        _launcher("-n", 1, "--log-dir", logs, worker, tmp_path, "progress"),
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    arrivals = []  # (time, bytes so far)
+    received = b""
+    try:
+        for chunk in iter(lambda: os.read(process.stdout.fileno(), 65536), b""):
+            received += chunk
+            arrivals.append((time.monotonic(), received))
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    done_at = next(t for t, so_far in arrivals if b"DONE" in so_far)
+    first_bar_at = next(t for t, so_far in arrivals if b"/6" in so_far)
+    assert done_at - first_bar_at > 1.0, received  # 4 of 6 updates came before the end
+    assert b"[worker 0] \x1b[1m2/6\x1b[0m" in received and b"\r" in received, received
+    assert b"\b" not in received, received
+    assert b"[worker 0] DONE\n" in received
+    log = (logs / "worker0.log").read_bytes()  # unprefixed, as the worker wrote it
+    assert log.endswith(b"DONE\n") and b"\b" in log and b"[worker 0]" not in log, log
+
+
+def test_a_parameter_server_job_s_failing_script_is_called_the_chief(tmp_path):
+    """The script of a parameter-server job runs as the `chief` task: the
+    launcher names it so (it said "worker 0"). On JAX the job has no server
+    processes, so this costs one small process."""
+    script = tmp_path / "chief.py"
+    script.write_text("import json, os, sys\n"
+                      "assert json.loads(os.environ['TF_CONFIG'])['task']['type'] == 'chief'\n"
+                      "sys.exit(3)\n")
+    result, _ = _run("--workers", 2, "--ps", 1, "--backend", "jax", script)
+    assert result.returncode == 3, result.stderr
+    assert "keras-dist launch: chief exited with code 3; stopped all workers, the job failed" in result.stderr
+    assert "worker 0" not in result.stderr
+    assert re.match(r"keras-dist launch: starting 1 chief, 2 workers, 1 ps \(backend jax; the worker and ps "
+                    r"tasks are the strategy's Ray actors, no process here\): chief "
+                    r"127\.0\.0\.1:\d+; worker 127\.0\.0\.1:\d+, 127\.0\.0\.1:\d+; ps 127\.0\.0\.1:\d+; "
+                    r"coordinator", result.stderr), result.stderr
 
 
 def test_restart_after_failure(tmp_path, worker):

@@ -1,6 +1,8 @@
 """A worker of a two-worker job in which one worker is stopped (SIGSTOP:
-alive and silent) or killed (SIGKILL) at a chosen phase; the test checks
-that the survivor ends within the collective timeout with a clear error.
+alive and silent), killed (SIGKILL) or raises an uncaught exception
+(RAISE) at a chosen phase; the test checks that the survivor ends within
+the collective timeout with a clear error (RAISE: that the job ends at
+once, whatever the timeout).
 
 Phases:
   join     - before MultiWorkerMirroredStrategy() joins the job (the peer
@@ -10,11 +12,17 @@ Phases:
   checkpoint - while the chief writes a BackupAndRestore backup
   predict  - in the middle of the final `predict` (whose outputs are
              gathered from every worker)
+RAISE only:
+  startup  - right after the strategy joined the job
+  fit      - inside a training step (a host callback raises)
+  evaluate - in the middle of `evaluate` after `fit`
+  callback - in a Keras callback's `on_epoch_end`
+  exit     - at the end of the script, after everything ran
 
 Every worker writes its pid to OUT/pid<i>; the dying one writes the time
 of its death to OUT/death_time just before the signal.
 
-argv: OUT_DIR PHASE SIGNAL(STOP|KILL) DYING_WORKER TIMEOUT_SECONDS
+argv: OUT_DIR PHASE HOW(STOP|KILL|RAISE) DYING_WORKER TIMEOUT_SECONDS
 """
 
 import json
@@ -24,8 +32,11 @@ import sys
 import time
 
 out_dir, phase, how, dying, timeout = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-PHASES = ("join", "compile", "step", "checkpoint", "predict")
-assert phase in PHASES, phase
+PHASES = {
+    "STOP": ("join", "compile", "step", "checkpoint", "predict"),
+    "RAISE": ("startup", "fit", "evaluate", "callback", "exit"),
+}
+assert phase in PHASES.get(how, PHASES["STOP"]), (how, phase)
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 attempt = int(os.environ.get("KERAS_DIST_RESTART", "0"))
 doomed = index == dying and attempt == 0
@@ -39,6 +50,8 @@ def die(where):
         return
     with open(os.path.join(out_dir, "death_time"), "w") as handle:
         handle.write(repr(time.time()))
+    if how == "RAISE":
+        raise RuntimeError(f"planted failure at {where} in worker {index}")
     print(f"worker {index}: SIG{how} at {where}", flush=True)
     os.kill(os.getpid(), getattr(signal, "SIG" + how))
 
@@ -54,6 +67,8 @@ if phase == "join":
 strategy = keras_dist.MultiWorkerMirroredStrategy(
     communication_options=keras_dist.CommunicationOptions(timeout_seconds=timeout)
 )
+if phase == "startup":
+    die("startup")
 
 
 def host_callback(fn):
@@ -85,13 +100,13 @@ class Phase(keras.layers.Layer):
 
     def _executed(self):
         self.calls += 1
-        if phase == "step" and self.calls == 4:
-            die("step")
+        if phase in ("step", "fit") and self.calls == 4:
+            die(phase)
 
     def call(self, x, training=None):
         if phase == "compile" and training:
             die("compile")
-        if phase == "step" and training:
+        if phase in ("step", "fit") and training:
             return self.on_device(x)
         return x
 
@@ -100,6 +115,14 @@ class Checkpoint(keras.callbacks.Callback):
     def on_predict_batch_end(self, batch, logs=None):
         if phase == "predict" and batch == 1:
             die("predict")
+
+    def on_test_batch_end(self, batch, logs=None):
+        if phase == "evaluate" and batch == 1:
+            die("evaluate")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if phase == "callback" and epoch == 0:
+            die("callback")
 
 
 rng = np.random.default_rng(0)
@@ -124,5 +147,9 @@ if phase == "checkpoint":
 
 callbacks = [keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")), Checkpoint()]
 model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0, callbacks=callbacks)
+if phase == "evaluate":
+    model.evaluate(x, y, batch_size=16, verbose=0, callbacks=[Checkpoint()])
 model.predict(x, batch_size=16, verbose=0, callbacks=[Checkpoint()])
 print(f"worker {index}: done", flush=True)
+if phase == "exit":
+    die("exit")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
+import time
 
 import jax
 import numpy as np
@@ -73,6 +77,7 @@ def initialize_multi_worker(resolver, options) -> None:
             "computation, and start every worker (keras-dist launch does)."
         ) from error
     _multi_worker["initialized"] = True
+    _fail_fast(resolver.worker_index, resolver.num_workers)
     if all(d.platform == "cpu" for d in jax.local_devices()):
         _gloo.yield_event_loop()  # that collective started gloo
 
@@ -148,3 +153,130 @@ def initialize_tpu_system(resolver) -> None:
         )
     jax.distributed.initialize()  # TPU auto-detection (not run here: no TPU)
     _multi_worker["initialized"] = True
+
+
+#: Keys in JAX's coordination service (its key-value store) by which a
+#: failing worker tells the others: the failed worker's index, and each
+#: worker's "gone" mark just before it exits.
+_FAILED_KEY = "keras_dist/failed"
+_GONE_KEY = "keras_dist/gone/{}"
+#: Seconds the chief waits for the other workers to exit before it does
+#: (its exit ends the coordination service; a worker still connected then
+#: dies of JAX's fatal error, with a C++ stack dump).
+_CHIEF_LAST_SECONDS = 5.0
+#: Seconds the chief still waits after the last "gone" mark: the worker
+#: that wrote it has yet to reach its `os._exit` (under load, a while).
+_CHIEF_GRACE_SECONDS = 1.5
+#: Seconds one wait of the watcher lasts (it then checks whether to stop).
+_WATCH_SECONDS = 0.5
+
+#: The exit code of a worker that ends on an uncaught exception (None: none),
+#: and whether a normal exit has begun.
+_failure = {"code": None, "exiting": False}
+
+
+def _fail_fast(worker_index: int, num_workers: int) -> None:
+    """An uncaught exception in any worker ends every worker at once.
+
+    JAX at exit waits in its coordination service's shutdown barrier for
+    every worker (up to 5 minutes) while the others wait in a collective
+    for this one: the job hung, then died of a C++ check failure. Instead:
+
+    - the failing worker, once Python has printed its traceback, writes its
+      index under `_FAILED_KEY` in JAX's coordination service and exits
+      (code 1; 130 for Ctrl-C) without JAX's barrier;
+    - every other worker watches that key (a thread waiting in the
+      service's `blocking_key_value_get`, half a second at a time, until
+      JAX's shutdown barrier at a normal exit is passed), prints one line
+      naming the failed worker, and exits with code 1;
+    - the chief, which hosts the service, exits last (up to
+      `_CHIEF_LAST_SECONDS` after the others said they are gone), so that no
+      worker sees the service vanish under it.
+
+    Exit handlers registered before the strategy joined are skipped; those
+    registered later run first, as usual. A worker killed by a signal
+    cannot say so: the others end within `timeout_seconds` (JAX's
+    heartbeat), as before.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        return
+    previous = sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        _failure["code"] = 130 if issubclass(kind, KeyboardInterrupt) else 1
+        previous(kind, value, traceback)
+
+    def exit_now(code: int) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        try:
+            if worker_index == 0:
+                for other in range(1, num_workers):
+                    client.blocking_key_value_get(_GONE_KEY.format(other), int(_CHIEF_LAST_SECONDS * 1000))
+                time.sleep(_CHIEF_GRACE_SECONDS)
+            else:
+                client.key_value_set(_GONE_KEY.format(worker_index), "1")
+        except Exception:  # noqa: BLE001 - a worker already gone, or the service
+            pass
+        os._exit(code)
+
+    stop_watching = threading.Event()
+
+    def exit_without_barrier():
+        code = _failure["code"]
+        if code is None:
+            # A normal exit: JAX's shutdown barrier, where every worker
+            # meets, with the watcher still on duty (a worker may fail as it
+            # ends); then the watcher stops, so that no thread is inside the
+            # engine while the interpreter finalizes (that aborts).
+            _failure["exiting"] = True
+            try:
+                jax.distributed.shutdown()
+            finally:
+                stop_watching.set()
+                watcher.join(timeout=2 * _WATCH_SECONDS + 1)
+            return
+        print(
+            f"keras_dist: worker {worker_index} of {num_workers} ends on the "
+            "exception above; telling the other workers and exiting now, "
+            "without JAX's shutdown barrier.",
+            file=sys.stderr,
+        )
+        try:
+            client.key_value_set(_FAILED_KEY, str(worker_index))
+        except Exception:  # noqa: BLE001 - another worker failed first
+            pass
+        exit_now(code)
+
+    def watch():
+        while not stop_watching.is_set():
+            try:
+                failed = client.blocking_key_value_get(_FAILED_KEY, int(_WATCH_SECONDS * 1000))
+            except Exception:  # noqa: BLE001 - no news yet, or shut down
+                if stop_watching.is_set():
+                    return
+                if _failure["exiting"]:
+                    stop_watching.wait(_WATCH_SECONDS)
+                continue
+            if failed == str(worker_index) or _failure["code"] is not None:
+                return  # this worker's own failure: exit_without_barrier ends it
+            print(
+                f"keras_dist: worker {worker_index} of {num_workers}: worker "
+                f"{failed} failed (see its traceback); ending this worker too "
+                "(exit code 1).",
+                file=sys.stderr,
+            )
+            exit_now(1)
+
+    watcher = threading.Thread(target=watch, name="keras_dist-failure-watch", daemon=True)
+    sys.excepthook = excepthook
+    # atexit runs last-registered first: before JAX's own clean-up (its
+    # barrier), registered when jax was imported.
+    atexit.register(exit_without_barrier)
+    watcher.start()

@@ -12,7 +12,10 @@ share: auto-shard by data). With "custom", the worker then also runs the
 custom training loop of examples/custom_loop_<backend>.py on the same
 strategy and under the default strategy (one device) from the same initial
 weights, and writes that comparison to OUT/custom_worker<i>.json (one job
-checks both, instead of one job each).
+checks both, instead of one job each). With "threads", it then trains
+1000 more steps (timeout_seconds=60, as the multi-worker guide advises)
+and writes the process's OS thread count along the way to
+OUT/threads<i>.json (tf's per-collective timeout leaked ~4 threads a step).
 """
 
 import json
@@ -21,7 +24,8 @@ import sys
 
 out_dir, devices, num_samples, batch_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 run_custom_loop = "custom" in sys.argv[5:]
-mode = [arg for arg in sys.argv[5:] if arg != "custom"]
+count_threads = "threads" in sys.argv[5:]
+mode = [arg for arg in sys.argv[5:] if arg not in ("custom", "threads")]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
@@ -158,3 +162,25 @@ if run_custom_loop:  # the example's custom loop (run/reduce, partial last batch
         "loss": history[-1],
         "loss_ref": single_history[-1],
     })
+
+if count_threads:  # a long job: the thread count must stay flat
+
+    def os_threads():
+        with open("/proc/self/status") as handle:
+            return int(next(line for line in handle if line.startswith("Threads:")).split()[1])
+
+    class Count(keras.callbacks.Callback):
+        counts = {}
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch in (49, 499, 999):
+                self.counts[batch + 1] = os_threads()
+
+    steps = 1000
+    long_x = np.tile(x[:8], (steps, 1))
+    long_y = np.tile(y[:8], (steps, 1))
+    with strategy.scope():
+        small = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        small.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    small.fit(long_x, long_y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[Count()])
+    write(f"threads{index}.json", {"worker": index, "threads_after_steps": Count.counts})

@@ -106,7 +106,13 @@ def _tf_communication_options(options):
     )
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=options.bytes_per_pack,
-        timeout_seconds=options.timeout_seconds,
+        # Not tf's per-collective timeout: each collective launched with one
+        # starts an OS thread that sleeps out the timeout (tf's
+        # SchedClosureAfter), ~4 a training step, so a long job with
+        # timeout_seconds=60 died at ~16k threads. The coordination
+        # service's heartbeat bounds a dead or frozen peer instead
+        # (`_configure_coordination_service`).
+        timeout_seconds=None,
         implementation=implementation,
     )
 
@@ -148,7 +154,7 @@ def initialize_multi_worker(resolver, options) -> None:
     own = resolver.cluster_spec().task_address(resolver.task_type, resolver.task_id)
     check_bindable(own, f"This task's address ({resolver.task_type}:{resolver.task_id})")
     timeout = join_timeout_seconds(options)
-    _configure_coordination_service(jobs, timeout)
+    _configure_coordination_service(jobs, timeout, options.timeout_seconds)
     try:
         # A non-leader's wait ends with tf's DeadlineExceededError; the
         # leader's does not end, so a watchdog ends it a little later.
@@ -173,11 +179,14 @@ def initialize_multi_worker(resolver, options) -> None:
 _LEADER_GRACE_SECONDS = 5
 
 
-def _configure_coordination_service(jobs, timeout: float) -> None:
+def _configure_coordination_service(jobs, timeout: float, peer_timeout: float | None = None) -> None:
     """tf's coordination service, as MultiWorkerMirroredStrategy would
     configure it, but with the wait for every task to register bounded by
     `timeout` (tf's own default is an hour: a peer that never starts looks
-    like a hang)."""
+    like a hang), and, with `peer_timeout` (the user's `timeout_seconds`),
+    a task whose heartbeat stops (dead or frozen) declared failed after half
+    of it, which aborts the others' collectives (tf's per-collective
+    timeout is not used: it leaked a thread per collective)."""
     context = tf_context.context()
     if context.coordination_service is not None:
         return  # configured by the user: theirs to bound
@@ -186,6 +195,7 @@ def _configure_coordination_service(jobs, timeout: float) -> None:
         service_type="standalone",
         service_leader=multi_worker_util.coordination_leader(spec),
         cluster_register_timeout_in_ms=max(1, int(timeout * 1000)),
+        heartbeat_timeout_in_ms=0 if peer_timeout is None else max(1000, int(peer_timeout * 500)),
         coordinated_jobs=[
             coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
             for job in ("chief", "worker")

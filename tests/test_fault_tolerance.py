@@ -4,6 +4,7 @@ under a timeout, all reaped."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,21 +30,40 @@ def _env(**extra):
 
 
 @pytest.mark.starts_processes
-def test_killed_worker_resumes_through_backup_and_restore(tmp_path):
-    """Worker 1 is SIGKILLed in epoch 2; the launcher restarts the job, which
-    resumes from the chief's epoch-1 backup and ends with the weights of an
-    uninterrupted single-device run."""
+@pytest.mark.parametrize("signal_name", ["KILL", "TERM"])
+def test_killed_or_terminated_worker_resumes_through_backup_and_restore(tmp_path, signal_name):
+    """Worker 1 gets SIGKILL or SIGTERM in epoch 2; the launcher restarts the
+    job, which resumes from the chief's epoch-1 backup and ends with the
+    weights of an uninterrupted single-device run. SIGTERM (what
+    Kubernetes, SLURM and spot VMs send first) stops every worker after the
+    same step, and each exits 42 (it used to be ignored during fit)."""
     done = subprocess.run(
         [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND,
-         "--max-restarts", "1", "--timeout", "240", RESUME_WORKER, str(tmp_path), "1"],
+         "--max-restarts", "1", "--timeout", "240", RESUME_WORKER, str(tmp_path), "1", "60", "1", signal_name],
         capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "worker 1 exited with code 137" in done.stderr + done.stdout
+    if signal_name == "KILL":
+        assert "worker 1 exited with code 137" in done.stderr + done.stdout
+    else:
+        stops = sorted(line for line in done.stderr.splitlines() if line.startswith("[worker ") and "SIGTERM reached" in line)
+        assert len(stops) == 2, done.stderr[-3000:]
+        found = [re.fullmatch(rf"\[worker {index}\] keras_dist: worker {index} of 2: SIGTERM reached worker 1; every "
+                              r"worker stops (after step (\d+) of epoch 2|at the end of epoch 2) and exits with code 42 "
+                              r"\(restart the job to resume from the last epoch's BackupAndRestore backup\)\.", line)
+                 for index, line in enumerate(stops)]
+        assert all(found), stops
+        where = {match.group(1) for match in found}
+        assert len(where) == 1, stops  # the same step on both
+        step = found[0].group(2)
+        assert step is None or 6 <= int(step) <= 13, stops  # after the signal (step 6)
+        resumed_at = 1 if step is not None else 2  # mid-epoch: epoch 2 again; at its end: epoch 3
+        assert re.search(r"worker [01] exited with code 42; restarting the job \(attempt 1/1\)", done.stderr)
     for index in range(2):
         result = json.loads((tmp_path / f"worker{index}.json").read_text())
         assert result["attempt"] == 1
-        assert result["epochs_run"] == [1, 2]  # epoch 0 came from the backup
+        expected = [1, 2] if signal_name == "KILL" else list(range(resumed_at, 3))
+        assert result["epochs_run"] == expected  # the earlier epochs came from the backup
         assert result["weight_diff"] <= 1e-5
     assert not (tmp_path / "backup").exists()  # deleted by the chief at the end
 

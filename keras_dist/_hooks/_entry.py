@@ -12,7 +12,7 @@ import keras
 
 from keras_dist import _context, _tf_data
 from keras_dist._communication import PeerWorkerError
-from keras_dist._hooks import _files, _optimizers, _ps_fit
+from keras_dist._hooks import _files, _optimizers, _ps_fit, _sigterm
 from keras_dist._hooks._patching import model_strategy, remember_strategy
 from keras_dist._input import check_batched, worker_streams
 from keras_dist._split import validate_batch_size
@@ -138,17 +138,34 @@ def wrap_entry(name: str):
             if batch_arguments:
                 args, kwargs, empties = _per_worker_streams(name, signature, strategy, self, args, kwargs)
             try:
-                with _explain_peer_failures(strategy), worker_streams(empties):
-                    if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
-                        return _files.run_as_non_chief(original, signature, strategy, self, args, kwargs)
-                    with strategy.scope():
-                        return original(self, *args, **kwargs)
+                with _sigterm.stop_on_sigterm(strategy) if name == "fit" else contextlib.nullcontext() as agree:
+                    if agree is not None:
+                        args, kwargs = _with_callback(signature, self, args, kwargs, agree)
+                    return _run_entry(original, signature, strategy, self, name, args, kwargs, empties)
             except StopIteration as error:  # Keras' first batch, on JAX
                 raise _no_batch_error(name) from error
 
         return entry
 
     return make
+
+
+def _with_callback(signature, model, args, kwargs, callback):
+    """`fit`'s arguments with `callback` added last to its callbacks."""
+    bound = signature.bind(model, *args, **kwargs)
+    callbacks = bound.arguments.get("callbacks")
+    bound.arguments["callbacks"] = [*(callbacks or []), callback]
+    return bound.args[1:], bound.kwargs
+
+
+def _run_entry(original, signature, strategy, model, name, args, kwargs, empties):
+    """Keras' `name` under the strategy: a non-chief's file-writing
+    callbacks write to private copies; a lost peer is one clear error."""
+    with _explain_peer_failures(strategy), worker_streams(empties):
+        if not strategy.extended.should_checkpoint and name in _BATCH_ARGUMENTS:
+            return _files.run_as_non_chief(original, signature, strategy, model, args, kwargs)
+        with strategy.scope():
+            return original(model, *args, **kwargs)
 
 
 _STEP_KINDS = {"fit": "train", "evaluate": "test", "predict": "predict"}

@@ -91,7 +91,8 @@ def is_peer_failure(error: BaseException) -> bool:
     (When the coordination service sees a peer's heartbeat stop, JAX
     terminates the process itself, with its own message.)
     """
-    return isinstance(error, jax.errors.JaxRuntimeError) and any(
+    # (`multihost_utils.process_allgather` raises gloo's failure as a ValueError.)
+    return isinstance(error, (jax.errors.JaxRuntimeError, ValueError)) and any(
         text in str(error) for text in _PEER_FAILURE_TEXTS
     )
 

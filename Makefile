@@ -48,8 +48,11 @@ $(VENV_TF)/.installed: pyproject.toml requirements/constraints.txt
 	  { echo "$(VENV_TF) has jax: not a TensorFlow-only install" >&2; exit 1; }
 	touch $@
 
-demo: install
-	KERAS_BACKEND=jax $(PY) examples/digits_cnn.py
+# A JAX demo in a JAX-only install (.venv-jax): with TensorFlow installed
+# too, Keras' set_random_seed imports it, and TF prints notices at import
+# that no setting turns off.
+demo: install-jax
+	KERAS_BACKEND=jax $(VENV_JAX)/bin/python examples/digits_cnn.py
 
 # Each backend runs in its own pytest processes (the backend is fixed per
 # process), in a venv with only that backend, as `pip install ".[jax]"` or

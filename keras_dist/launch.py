@@ -12,7 +12,9 @@ python -m keras_dist.launch -n 2 --backend jax train.py --epochs 3
 ```
 
 Each worker's output lines are prefixed with `[worker i] `; gloo's
-"[Gloo] Rank i is connected to n peer ranks" lines are dropped. If a worker
+"[Gloo] Rank i is connected to n peer ranks" lines, absl's "All log
+messages before absl::InitializeLog()" line and the engines' C++ INFO lines
+are dropped (`--log-dir` keeps everything). If a worker
 fails, the others are stopped and the whole job is restarted (with fresh
 ports) while `--max-restarts` allows, else the launcher exits with the
 failing worker's code. No worker (nor anything it started) outlives the
@@ -31,7 +33,8 @@ Every worker gets, besides `TF_CONFIG`:
 - `KERAS_DIST_RESTART`: the attempt number, 0 for the first run,
 - `KERAS_DIST_HEARTBEAT_FILE`: the file keras_dist touches on progress,
 - `KERAS_BACKEND` when a backend is given (else it is inherited),
-- `PYTHONUNBUFFERED=1` unless already set, so output arrives line by line.
+- `PYTHONUNBUFFERED=1` unless already set, so output arrives line by line,
+- `TF_CPP_MIN_LOG_LEVEL=1` unless already set: no TensorFlow C++ INFO lines.
 """
 
 from __future__ import annotations
@@ -164,6 +167,18 @@ _SEGMENT = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
 RECENT_LINES = 20
 
 
+#: Engine notices no setting turns off, dropped from the console (they stay
+#: in `--log-dir` files): absl's line before its logging starts, and C++
+#: INFO lines of TensorFlow, XLA or gRPC ("I1126 10:28:49.955798 ..."), e.g.
+#: tf's "oneDNN custom operations are on", printed at import whatever
+#: TF_CPP_MIN_LOG_LEVEL says. Warnings, errors and fatal lines ("W", "E",
+#: "F") pass.
+_ENGINE_NOTICE = re.compile(
+    rb"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] .*)\r?\n?$"
+)
+
+
 def _pump(pipe, prefix: bytes, stream_name: str, output: "_Output", progress: "_Progress", index: int,
           recent=None, log=None) -> None:
     """Forwards a worker's output as it arrives, not only at line ends, so
@@ -199,7 +214,7 @@ def _forward(segment: bytes, prefix: bytes, stream_name: str, output: "_Output",
     text = segment.replace(b"\b", b"")
     if text.endswith(b"\n"):
         line = text.rstrip(b"\r\n")
-        if _GLOO_CONNECTED.match(line + b"\n"):
+        if _GLOO_CONNECTED.match(line + b"\n") or _ENGINE_NOTICE.match(line):
             return
         if recent is not None:
             recent.append(line.decode("utf-8", errors="replace"))
@@ -438,6 +453,8 @@ def _run_attempt(
         for index, (task_command, task_type, task_index, label) in enumerate(tasks):
             env = dict(base_env)
             env.setdefault("PYTHONUNBUFFERED", "1")
+            # TF's C++ INFO lines (server configs, CPU features), before TF loads
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env.update(
                 TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task_type, "index": task_index}}),
                 KERAS_DIST_COORDINATOR=coordinator,

@@ -86,6 +86,13 @@ elif mode == "raise":  # the last worker raises once all have started; keras_dis
             raise ValueError("bad row 7 in the input")
         read_rows()
     time.sleep(60)
+elif mode == "noise":  # the engines' notices that no setting turns off, then a real warning
+    sys.stderr.write("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+    sys.stderr.write("I0000 00:00:1795692632.346185   21962 port.cc:153] oneDNN custom operations are on. "
+                     "You may see slightly different numerical results.\n")
+    sys.stderr.write("I1126 10:28:49.955798   19099 coordination_service.cc:1472] Barrier passed\n")
+    sys.stderr.write("W1126 10:28:50.000001   19099 collective_ops.cc:12] a warning that matters\n")
+    print("work done", flush=True)
 elif mode == "progress":  # Keras' own progress bar over 6 slow steps, then a line
     from keras.utils import Progbar
     bar = Progbar(6)
@@ -300,6 +307,18 @@ def test_a_parameter_server_job_s_failing_script_is_called_the_chief(tmp_path):
                     r"tasks are the strategy's Ray actors, no process here\): chief "
                     r"127\.0\.0\.1:\d+; worker 127\.0\.0\.1:\d+, 127\.0\.0\.1:\d+; ps 127\.0\.0\.1:\d+; "
                     r"coordinator", result.stderr), result.stderr
+
+
+def test_engine_notices_are_dropped_from_the_console_but_kept_in_the_logs(tmp_path, worker):
+    logs = tmp_path / "logs"
+    result, _ = _run("-n", 1, "--log-dir", logs, worker, tmp_path, "noise")
+    assert result.returncode == 0, result.stderr
+    assert "absl::InitializeLog" not in result.stderr and "oneDNN" not in result.stderr
+    assert "Barrier passed" not in result.stderr
+    assert "[worker 0] W1126 10:28:50.000001   19099 collective_ops.cc:12] a warning that matters" in result.stderr
+    assert "[worker 0] work done" in result.stdout
+    kept = (logs / "worker0.log").read_text()
+    assert "oneDNN custom operations are on" in kept and "absl::InitializeLog" in kept
 
 
 def test_restart_after_failure(tmp_path, worker):

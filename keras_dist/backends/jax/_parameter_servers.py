@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import io
 import itertools
+import logging
 import os
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -77,6 +80,32 @@ _RAY_DOWN = (
     "workers and parameter servers went with it. Call coordinator.join() before "
     "ray.shutdown(), and make a new strategy to train again."
 )
+
+class _DropRayNotice(logging.Filter):
+    """Ray's notice that it turned token authentication on by default
+    (authentication stays on; only the notice is dropped)."""
+
+    def filter(self, record):
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+@contextlib.contextmanager
+def _quiet_ray_start():
+    """Starting the strategy's own local Ray without the notices a user
+    cannot act on: Ray's token-authentication notice, and JAX's warning that
+    `os.fork()` was called in a multithreaded process (Ray starts its
+    servers with subprocess, a fork followed at once by exec, which is
+    safe)."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    notice = _DropRayNotice()
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            yield
+    finally:
+        logger.removeFilter(notice)
+
 
 #: The started clusters, stopped by `_stop_clusters_at_exit` (weakly held).
 _LIVE_CLUSTERS: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
@@ -236,17 +265,19 @@ class Cluster:
         actors = _actors()
         self.ps_timeout = float(os.environ.get("KERAS_DIST_PS_TIMEOUT", PS_TIMEOUT_S))
         if not ray.is_initialized():
-            ray.init(
-                address="local",
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level="ERROR",
-                configure_logging=False,
-                # The strategy's own Ray exports no metrics (a metrics thread
-                # was running in the driver that crashed at exit; the cause
-                # was a second Ray started at exit, see _ray_is_up).
-                _system_config={"enable_metrics_collection": False},
-            )
+            with _quiet_ray_start():
+                ray.init(
+                    address="local",
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level="ERROR",
+                    configure_logging=False,
+                    # The strategy's own Ray exports no metrics (a metrics
+                    # thread was running in the driver that crashed at exit;
+                    # the cause was a second Ray started at exit, see
+                    # _ray_is_up).
+                    _system_config={"enable_metrics_collection": False},
+                )
             self.started_ray = True
         runtime_env = {"env_vars": {"KERAS_BACKEND": "jax", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
         self.runtime_env = runtime_env

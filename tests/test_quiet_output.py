@@ -94,3 +94,22 @@ def test_jax_training_on_tf_data_prints_no_tensorflow_log_lines_of_its_own():
     done, lines = engine_lines(True)
     assert "trained 1" in plain.stdout and "trained 2" in done.stdout
     assert lines == plain_lines, done.stderr
+
+
+@pytest.mark.starts_processes
+def test_tensorflow_messages_name_the_user_s_strategy_not_a_private_class():
+    """tf names the strategy's class in its messages ("Using %s eagerly has
+    significant overhead"): the user's MirroredStrategy, not keras_dist's
+    private engine class."""
+    if BACKEND != "tensorflow":
+        pytest.skip("a TensorFlow message (JAX has no eager strategy.run warning)")
+    done = _run(
+        """
+        import keras_dist
+        keras_dist.simulate_cpu_devices(2)
+        print(keras_dist.MirroredStrategy().run(lambda: 1.0))
+        """
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Using MirroredStrategy eagerly has significant overhead" in done.stderr, done.stderr[-3000:]
+    assert "_GlobalBatch" not in done.stdout + done.stderr

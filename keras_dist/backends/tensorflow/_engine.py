@@ -404,6 +404,18 @@ class _GlobalBatchMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy)
         return dataset
 
 
+# tf names the strategy class in its messages ("Using %s eagerly has
+# significant overhead ..."): the user's strategy's name, not these
+# private classes' (their __qualname__, in tracebacks, stays).
+for _engine_class, _public_name in (
+    (_GlobalBatchTPUStrategy, "TPUStrategy"),
+    (_GlobalBatchMirroredStrategy, "MirroredStrategy"),
+    (_GlobalBatchCentralStorageStrategy, "CentralStorageStrategy"),
+    (_GlobalBatchMultiWorkerStrategy, "MultiWorkerMirroredStrategy"),
+):
+    _engine_class.__name__ = _public_name
+del _engine_class, _public_name
+
 _engines_created = itertools.count(1)
 #: Collective-key range reserved for each tf.distribute strategy we create.
 _COLLECTIVE_KEYS_PER_ENGINE = 100_000

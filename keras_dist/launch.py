@@ -33,8 +33,10 @@ Every worker gets, besides `TF_CONFIG`:
 - `KERAS_DIST_RESTART`: the attempt number, 0 for the first run,
 - `KERAS_DIST_HEARTBEAT_FILE`: the file keras_dist touches on progress,
 - `KERAS_BACKEND` when a backend is given (else it is inherited),
-- `PYTHONUNBUFFERED=1` unless already set, so output arrives line by line,
-- `TF_CPP_MIN_LOG_LEVEL=1` unless already set: no TensorFlow C++ INFO lines.
+- `PYTHONUNBUFFERED=1` unless already set, so output arrives line by line.
+
+The server processes of a TensorFlow parameter-server job also get
+`TF_CPP_MIN_LOG_LEVEL=1` unless it is set (no C++ INFO lines).
 """
 
 from __future__ import annotations
@@ -453,8 +455,11 @@ def _run_attempt(
         for index, (task_command, task_type, task_index, label) in enumerate(tasks):
             env = dict(base_env)
             env.setdefault("PYTHONUNBUFFERED", "1")
-            # TF's C++ INFO lines (server configs, CPU features), before TF loads
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+            if task_command is not command:
+                # keras_dist's own server processes: no TF C++ INFO lines
+                # (each printed its ConfigProto, 19 lines). The user's script
+                # keeps its own level (e.g. a setdefault of its own).
+                env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
             env.update(
                 TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": task_type, "index": task_index}}),
                 KERAS_DIST_COORDINATOR=coordinator,

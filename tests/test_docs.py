@@ -128,6 +128,7 @@ def _assert_match(result: subprocess.CompletedProcess) -> None:
     assert "MISMATCH" not in result.stdout, _report(result)
 
 
+@pytest.mark.slow("a fresh process trains the demo CNN for one epoch on 4 simulated devices and on one device")
 @pytest.mark.starts_processes
 def test_example_digits_cnn_matches_single_device():
     result = _run([EXAMPLE, "--epochs", "1"])

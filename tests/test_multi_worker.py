@@ -70,6 +70,7 @@ def fit_and_custom_loop_jobs(tmp_path_factory):
     return jobs
 
 
+@pytest.mark.slow("starts the module's shared 1-device job (fit, evaluate, predict, the custom loop, then 1000 steps counting threads), which the next test reuses")
 def test_a_long_job_with_a_timeout_holds_a_flat_thread_count(fit_and_custom_loop_jobs):
     """1000 training steps with CommunicationOptions(timeout_seconds=60), as
     the multi-worker guide advises: tf's per-collective timeout started an OS

@@ -334,6 +334,7 @@ ENGINE_NOISE = re.compile(
 )
 
 
+@pytest.mark.slow("a launched parameter-server job: Ray and its actors (JAX) or 1 ps and 2 worker server processes (TensorFlow) start, then fit and a custom loop")
 def test_example_through_the_launcher():
     """The backend's example as the guide runs it: `keras-dist launch
     --workers 2 --ps M` (server processes on TensorFlow; on JAX the

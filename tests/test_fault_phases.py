@@ -69,13 +69,19 @@ def _check_survivor(output, exited, tmp_path, survivor_code, phase):
     assert any(text in output for text in CLEAR[BACKEND]), output[-3000:]
 
 
+def _launch_phase(tmp_path, phase, how, dying, timeout):
+    """The 2-worker phase job through `keras-dist launch`: (result, the
+    time the launcher exited)."""
+    command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND,
+               "--timeout", "200", WORKER, str(tmp_path), phase, how, str(dying), str(TIMEOUT)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+    return done, time.time()
+
+
 @pytest.mark.parametrize("phase", list(DYING))
 def test_stopped_worker_at_each_phase_ends_the_job(tmp_path, phase):
     dying = DYING[phase]
-    command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND,
-               "--timeout", "200", WORKER, str(tmp_path), phase, "STOP", str(dying), str(TIMEOUT)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=260, env=_env(), cwd=ROOT)
-    exited = time.time()
+    done, exited = _launch_phase(tmp_path, phase, "STOP", dying, timeout=260)
     output = done.stdout + done.stderr
     assert done.returncode != 0 and done.returncode != 124, output[-3000:]
     assert f"worker {1 - dying} exited with code" in output, output[-3000:]
@@ -104,10 +110,7 @@ DUMPS = ("Check failure stack trace", "DEADLINE_EXCEEDED", "Shutdown barrier")
 @pytest.mark.parametrize("phase", list(RAISING))
 def test_raising_worker_at_each_phase_ends_the_job_at_once(tmp_path, phase):
     raising = RAISING[phase]
-    command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", BACKEND,
-               "--timeout", "200", WORKER, str(tmp_path), phase, "RAISE", str(raising), str(TIMEOUT)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=200, env=_env(), cwd=ROOT)
-    exited = time.time()
+    done, exited = _launch_phase(tmp_path, phase, "RAISE", raising, timeout=200)
     output = done.stdout + done.stderr
     raised = float((tmp_path / "death_time").read_text())
     assert done.returncode == 1, output[-3000:]

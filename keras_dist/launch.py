@@ -173,11 +173,16 @@ RECENT_LINES = 20
 #: in `--log-dir` files): absl's line before its logging starts, and C++
 #: INFO lines of TensorFlow, XLA or gRPC ("I1126 10:28:49.955798 ..."), e.g.
 #: tf's "oneDNN custom operations are on", printed at import whatever
-#: TF_CPP_MIN_LOG_LEVEL says. Warnings, errors and fatal lines ("W", "E",
-#: "F") pass.
+#: TF_CPP_MIN_LOG_LEVEL says; and one warning a TensorFlow parameter server
+#: prints when a finished step's rendezvous is torn down ("Local rendezvous
+#: is aborting with status: ABORTED: Cleanup <step id>", at random, after
+#: the work is done). Every other warning, error and fatal line ("W", "E",
+#: "F") passes, a rendezvous aborted for any other reason included.
 _ENGINE_NOTICE = re.compile(
     rb"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    rb"|I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] .*)\r?\n?$"
+    rb"|I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] .*"
+    rb"|W\d{4} \d\d:\d\d:\d+\.\d+ +\d+ local_rendezvous\.cc:\d+\] Local rendezvous is aborting with "
+    rb"status: ABORTED: Cleanup -?\d+(?: \[type\.googleapis\.com/tensorflow\.DerivedStatus=''\])?)\r?\n?$"
 )
 
 

@@ -91,6 +91,11 @@ elif mode == "noise":  # the engines' notices that no setting turns off, then a 
     sys.stderr.write("I0000 00:00:1795692632.346185   21962 port.cc:153] oneDNN custom operations are on. "
                      "You may see slightly different numerical results.\n")
     sys.stderr.write("I1126 10:28:49.955798   19099 coordination_service.cc:1472] Barrier passed\n")
+    sys.stderr.write("W0000 00:00:1795699294.809815   18676 local_rendezvous.cc:412] Local rendezvous is aborting "
+                     "with status: ABORTED: Cleanup -1609212153637053463 "
+                     "[type.googleapis.com/tensorflow.DerivedStatus='']\n")  # a ps's torn-down step
+    sys.stderr.write("W0000 00:00:1795699295.000001   18676 local_rendezvous.cc:412] Local rendezvous is aborting "
+                     "with status: CANCELLED: worker 1 is gone\n")
     sys.stderr.write("W1126 10:28:50.000001   19099 collective_ops.cc:12] a warning that matters\n")
     print("work done", flush=True)
 elif mode == "progress":  # Keras' own progress bar over 6 slow steps, then a line
@@ -314,11 +319,13 @@ def test_engine_notices_are_dropped_from_the_console_but_kept_in_the_logs(tmp_pa
     result, _ = _run("-n", 1, "--log-dir", logs, worker, tmp_path, "noise")
     assert result.returncode == 0, result.stderr
     assert "absl::InitializeLog" not in result.stderr and "oneDNN" not in result.stderr
-    assert "Barrier passed" not in result.stderr
+    assert "Barrier passed" not in result.stderr and "ABORTED: Cleanup" not in result.stderr
+    assert "[worker 0] W0000 00:00:1795699295.000001   18676 local_rendezvous.cc:412] Local rendezvous is " \
+           "aborting with status: CANCELLED: worker 1 is gone" in result.stderr
     assert "[worker 0] W1126 10:28:50.000001   19099 collective_ops.cc:12] a warning that matters" in result.stderr
     assert "[worker 0] work done" in result.stdout
     kept = (logs / "worker0.log").read_text()
-    assert "oneDNN custom operations are on" in kept and "absl::InitializeLog" in kept
+    assert "oneDNN custom operations are on" in kept and "absl::InitializeLog" in kept and "ABORTED: Cleanup" in kept
 
 
 def test_restart_after_failure(tmp_path, worker):

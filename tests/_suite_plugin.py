@@ -2,8 +2,9 @@
 
 * ``KERAS_DIST_DURATIONS=path.json``: at the end of the run, every test's
   seconds (setup + call + teardown, so a module's cluster start is charged to
-  its first test), outcome and markers are written to that file (a temp file,
-  then a rename). `make durations` turns the files of every suite into
+  its first test), CPU seconds (this process's and its reaped children's, user
+  + system: what a test costs whatever else runs beside it), outcome and
+  markers are written to that file (a temp file, then a rename). `make durations` turns the files of every suite into
   ``tests/DURATIONS.md`` (``tests/durations.py``).
 * ``--quick`` (`make test-quick`): tests marked ``starts_processes`` are left
   out, and any other test that starts a process fails at once, naming the
@@ -30,10 +31,17 @@ def pytest_addoption(parser):
     )
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of the children it has reaped so far."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 class _Durations:
     def __init__(self, path: str, run: str):
         self.path, self.run = path, run
         self.seconds: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.outcome: dict[str, str] = {}
         self.markers: dict[str, dict] = {}
         self.started = time.time()
@@ -48,6 +56,12 @@ class _Durations:
                     marks[name] = (mark.args[0] if mark.args else mark.kwargs.get("reason", "")) or ""
             self.markers[item.nodeid] = marks
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        before = _cpu_seconds()
+        yield
+        self.cpu[item.nodeid] = self.cpu.get(item.nodeid, 0.0) + _cpu_seconds() - before
+
     def pytest_runtest_logreport(self, report):
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
         if report.when == "call" or report.outcome != "passed":
@@ -59,6 +73,7 @@ class _Durations:
             {
                 "id": nodeid,
                 "seconds": round(seconds, 2),
+                "cpu_seconds": round(self.cpu.get(nodeid, 0.0), 2),
                 "outcome": self.outcome.get(nodeid, "passed"),
                 "markers": self.markers.get(nodeid, {}),
             }

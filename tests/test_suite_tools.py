@@ -23,8 +23,9 @@ _PROBE_TESTS = textwrap.dedent(
         assert 1 + 1 == 2
 
     @pytest.mark.starts_processes
-    def test_marked_and_starts_one():
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+    def test_marked_and_starts_one():  # its child burns about 0.3 s of CPU
+        code = "import time\\nwhile time.process_time() < 0.3: pass"
+        subprocess.run([sys.executable, "-c", code], check=True)
 
     @pytest.mark.slow("it says why")
     def test_unmarked_but_starts_one():
@@ -68,13 +69,17 @@ def test_without_quick_everything_runs_and_the_record_has_every_test(tmp_path):
     tests = {t["id"].split("::")[1]: t for t in data["tests"]}
     assert sorted(tests) == ["test_in_process", "test_marked_and_starts_one", "test_unmarked_but_starts_one"]
     assert all(t["outcome"] == "passed" and t["seconds"] >= 0 for t in tests.values())
+    # CPU time counts the process a test started and reaped
+    assert tests["test_marked_and_starts_one"]["cpu_seconds"] >= 0.3, tests
+    assert tests["test_in_process"]["cpu_seconds"] < 0.1, tests
     assert tests["test_marked_and_starts_one"]["markers"] == {"starts_processes": ""}
     assert tests["test_unmarked_but_starts_one"]["markers"] == {"slow": "it says why"}
     assert not (tmp_path / "record.json.tmp").exists()
 
 
-def _test(nodeid, seconds, outcome="passed", **markers):
-    return {"id": nodeid, "seconds": seconds, "outcome": outcome, "markers": markers}
+def _test(nodeid, seconds, outcome="passed", cpu=None, **markers):
+    return {"id": nodeid, "seconds": seconds, "cpu_seconds": seconds / 2 if cpu is None else cpu, "outcome": outcome,
+            "markers": markers}
 
 
 def test_report_totals_files_and_tests_over_a_minute_with_their_reasons():
@@ -87,11 +92,11 @@ def test_report_totals_files_and_tests_over_a_minute_with_their_reasons():
         ]},
     ]
     text = durations.report(runs)
-    assert "| jax | 4 | 3 | 1 | 2.5 | 2.5 |" in text
+    assert "| jax | 4 | 3 | 1 | 2.5 | 2.5 | 1.3 |" in text
     assert "| 90 | jax | `tests/test_a.py::test_one` | starts a job |" in text
     assert "| 61 | jax | `tests/test_b.py::test_three` | **no reason given" in text
-    assert "| tests/test_a.py | 2 | 90 |" in text and "| tests/test_b.py | 2 | 61 |" in text
-    assert "| 61.0 | `tests/test_b.py::test_three` | yes |" in text
+    assert "| tests/test_a.py | 2 | 90 | 45 |" in text and "| tests/test_b.py | 2 | 61 | 30 |" in text
+    assert "| 61.0 | 30.5 | `tests/test_b.py::test_three` | yes |" in text
     assert "test_two" not in text  # under a second: counted, not listed
 
 

@@ -70,7 +70,7 @@ def test_without_quick_everything_runs_and_the_record_has_every_test(tmp_path):
     assert sorted(tests) == ["test_in_process", "test_marked_and_starts_one", "test_unmarked_but_starts_one"]
     assert all(t["outcome"] == "passed" and t["seconds"] >= 0 for t in tests.values())
     # CPU time counts the process a test started and reaped
-    assert tests["test_marked_and_starts_one"]["cpu_seconds"] >= 0.3, tests
+    assert tests["test_marked_and_starts_one"]["cpu_seconds"] >= 0.25, tests  # os.times ticks: 0.29 seen
     assert tests["test_in_process"]["cpu_seconds"] < 0.1, tests
     assert tests["test_marked_and_starts_one"]["markers"] == {"starts_processes": ""}
     assert tests["test_unmarked_but_starts_one"]["markers"] == {"slow": "it says why"}

@@ -65,8 +65,9 @@ demo: install-jax
 #   tf-processes:   the TensorFlow tests that start processes (.venv-tensorflow)
 #   mixed:          JAX's needs_tensorflow tests, then the oldest Keras on both
 #                   backends (.venv + .venv-keras-min)
-# The venvs are built first, all at once (the two TensorFlow streams share
-# one), then the four streams start.
+# Each stream builds the venv it needs and starts its tests as soon as that
+# venv is ready, while the others are still installing (the two TensorFlow
+# streams share one venv: it is built once, then both start).
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
@@ -76,21 +77,27 @@ DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
 #: each run, one per stream (the streams run at once, and JAX writes cache
 #: entries in place; tests/conftest.py says what it does and does not skip).
 JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1)
+#: $(call start-stream,NAME,VENV TARGET): in the background, builds the venv
+#: (its output into the stream's log), then runs the stream; the log ends
+#: with the venv's and the tests' wall times and the exit code.
+define start-stream
+{ start=$$SECONDS; $(MAKE) --no-print-directory $(2) || { echo "== stream $(1): venv failed, exit 1"; exit 1; }; \
+  echo "== stream $(1): venv ready after $$((SECONDS - start)) s"; \
+  $(MAKE) --no-print-directory -k test-stream-$(1); code=$$?; \
+  echo "== stream $(1): $$((SECONDS - start)) s, exit $$code"; exit $$code; } > $(TEST_LOGS)/$(1).log 2>&1 &
+endef
 
 test:
 	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; \
-	start=$$SECONDS; \
-	$(MAKE) --no-print-directory -j3 install install-jax install-tensorflow $(KERAS_MIN_DIR)/.installed > $(TEST_LOGS)/install.log 2>&1 \
-	  || { cat $(TEST_LOGS)/install.log; exit 1; }; \
-	echo "== venvs: $$((SECONDS - start)) s" >> $(TEST_LOGS)/install.log; \
-	pids=""; for stream in $(STREAMS); do \
-	  { start=$$SECONDS; $(MAKE) --no-print-directory -k test-stream-$$stream; code=$$?; \
-	    echo "== stream $$stream: $$((SECONDS - start)) s, exit $$code"; exit $$code; } \
-	    > $(TEST_LOGS)/$$stream.log 2>&1 & pids="$$pids $$!"; \
-	done; \
+	pids=""; \
+	$(call start-stream,jax,install-jax) pids="$$pids $$!"; \
+	$(call start-stream,mixed,$(KERAS_MIN_DIR)/.installed) pids="$$pids $$!"; \
+	$(call start-stream,tf-in-process,install-tensorflow) pids="$$pids $$!"; \
+	tf_first=$$!; while kill -0 $$tf_first 2>/dev/null && ! grep -q "^== stream tf-in-process: venv" $(TEST_LOGS)/tf-in-process.log; do sleep 1; done; \
+	$(call start-stream,tf-processes,install-tensorflow) pids="$$pids $$!"; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
 	for stream in $(STREAMS); do echo "===== stream $$stream ($(TEST_LOGS)/$$stream.log)"; cat $(TEST_LOGS)/$$stream.log; done; \
-	echo "===== make test: wall time per part"; grep -h "^== venvs" $(TEST_LOGS)/install.log; grep -h "^== stream" $(TEST_LOGS)/*.log; \
+	echo "===== make test: wall time per part"; grep -h "^== stream" $(TEST_LOGS)/*.log; \
 	exit $$status
 
 test-stream-jax: test-jax

@@ -72,6 +72,11 @@ class ReplicaContext:
         """
         return self._ops.row_mask(value)
 
+    def _loop_carry(self, value):
+        """`value` as the start of a loop over this replica's data (see
+        `ReplicaOps.loop_carry`; used by the RNN hook)."""
+        return self._ops.loop_carry(value)
+
     def global_rows(self, local_rows):
         """The number of real rows in the global batch, given this
         replica's `local_rows` (a keras_dist addition)."""

@@ -46,6 +46,14 @@ class ReplicaOps(abc.ABC):
     def devices(self, strategy: Any) -> tuple:
         """The devices this replica runs on."""
 
+    def loop_carry(self, value: Any) -> Any:
+        """`value` (a nest) made fit to start a loop whose carry takes in
+        this replica's data, such as an RNN's initial state. Where the engine
+        types values by whether they vary across replicas (JAX's
+        `shard_map`), a value equal on every replica is marked varying, as
+        the loop's output carry is; elsewhere nothing needs doing."""
+        return value
+
 
 class LocalReplicaOps(ReplicaOps):
     """The collectives of a group of one replica: identities."""

@@ -13,7 +13,8 @@ BatchNorm moments), `_random` (one device's dropout masks in replica steps), `_s
 adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
 `_variables` (variables agree across workers; a variable split over the ps
-tasks is trained as its shards), `_ps_fit` (fit under
+tasks is trained as its shards), `_loops` (recurrent layers inside `run`),
+`_empty_replicas` (replicas a global batch leaves without rows), `_ps_fit` (fit under
 ParameterServerStrategy, entered from `_entry`'s fit). Nothing here imports jax or tensorflow.
 
 Hooks:
@@ -22,7 +23,7 @@ Hooks:
 
 from __future__ import annotations
 
-from keras_dist._hooks import _entry, _files, _losses, _metrics, _random, _run_variables, _steps, _variables
+from keras_dist._hooks import _empty_replicas, _entry, _files, _losses, _loops, _metrics, _random, _run_variables, _steps, _variables
 from keras_dist._hooks._patching import ORIGINALS, Hook, model_strategy, patch, resolve
 from keras_dist._shard import scale_factor, unscale_factor
 from keras_dist.backends import backend_name
@@ -125,6 +126,24 @@ HOOKS: tuple = (
         _metrics.wrap_update_confusion_matrix_variables,
         _JAX,
         purpose="run(): confusion-matrix metrics (AUC, ...) skip the padding rows",
+    ),
+    Hook(
+        "keras.src.backend:rnn",
+        _loops.wrap_rnn,
+        _JAX,
+        purpose="run(): an RNN's initial state varies across replicas as its state does (LSTM, GRU, SimpleRNN)",
+    ),
+    Hook(
+        "keras.src.backend:gru",
+        _loops.wrap_gru,
+        _JAX,
+        purpose="run(): the same for the backend's own GRU loop",
+    ),
+    Hook(
+        "keras.src.backend.tensorflow.numpy:add",
+        _empty_replicas.wrap_add,
+        _TF,
+        purpose="a replica with 0 rows: Keras' bias_add shortcut took a (0, n) operand for a bias",
     ),
     # variables agree across workers
     Hook(

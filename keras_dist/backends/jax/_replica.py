@@ -187,6 +187,9 @@ class _ReplicaOps(ReplicaOps):
 
         return jax.tree_util.tree_map(gather, value)
 
+    def loop_carry(self, value):
+        return jax.tree_util.tree_map(lambda x: _run_variables.make_varying(jnp.asarray(x)), value)
+
     def row_mask(self, value):
         if self.counts is None or value.shape[0] != self.rows:
             return None

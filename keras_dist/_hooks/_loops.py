@@ -1,0 +1,42 @@
+"""Loops over a replica's data inside `strategy.run`: Keras' recurrent layers.
+
+On JAX, `run` maps the function over replicas with `shard_map`, which types
+every value by whether it varies across replicas. An RNN's scan starts from
+a state equal on every replica (zeros) and ends each step with a state made
+from the replica's own rows, so JAX refused LSTM, GRU and SimpleRNN there
+("scan body function carry input and carry output must have equal types").
+The initial state is marked varying first (its values unchanged), through
+the replica context (`ReplicaOps.loop_carry`), in the backend's generic
+`rnn` and in its own `gru` (a scan of its own in recent Keras, 3.15 among
+them; in older ones a NotImplementedError stub, and GRU falls back to
+`rnn`).
+Outside `run` Keras' own runs.
+"""
+
+from __future__ import annotations
+
+from keras_dist import _context
+
+
+def wrap_rnn(original):
+    """Wrapper for the backend's `rnn(step_function, inputs, initial_states, ...)`."""
+
+    def rnn(step_function, inputs, initial_states, *args, **kwargs):
+        context = _context.replica_context()
+        if context is not None:
+            initial_states = context._loop_carry(initial_states)
+        return original(step_function, inputs, initial_states, *args, **kwargs)
+
+    return rnn
+
+
+def wrap_gru(original):
+    """Wrapper for the backend's `gru(inputs, initial_state, mask, ...)`."""
+
+    def gru(inputs, initial_state, *args, **kwargs):
+        context = _context.replica_context()
+        if context is not None:
+            initial_state = context._loop_carry(initial_state)
+        return original(inputs, initial_state, *args, **kwargs)
+
+    return gru

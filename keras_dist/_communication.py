@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import enum
 import os
+import signal
 import subprocess
 import sys
 from typing import Optional
@@ -60,11 +62,13 @@ def _worker_addresses(resolver) -> list[str]:
 
 
 #: The watchdog process of `exit_unless_joined`: waits, then names whom the
-#: job waited for, prints the error on the worker's stderr and ends it.
+#: job waited for, prints the error on the worker's stderr and ends it with
+#: the signal it is given (SIGHUP, which the worker turned into `_exit(1)`;
+#: else SIGTERM), SIGKILL if it is still there 3 s later.
 _WATCHDOG = r"""
 import os, signal, socket, sys, time
 pid, seconds, prefix, suffix = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
-probe, others = sys.argv[5] == "probe", sys.argv[6:]
+probe, end_with, others = sys.argv[5] == "probe", int(sys.argv[6]), sys.argv[7:]
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     if os.getppid() != pid:
@@ -84,7 +88,7 @@ for other in others:
 names = names or [other.split("=", 1)[0] for other in others]
 sys.stderr.write(f"keras_dist.PeerWorkerError: {prefix}{', '.join(names)}{suffix}\n")
 sys.stderr.flush()
-os.kill(pid, signal.SIGTERM)
+os.kill(pid, end_with)
 time.sleep(3)
 try:
     os.kill(pid, signal.SIGKILL)
@@ -109,17 +113,45 @@ def exit_unless_joined(resolver, timeout: float, probe_addresses: bool, grace: f
     """
     message = _did_not_join_message(resolver, timeout, "{}")
     prefix, suffix = message.split("{}")
-    suffix += " This process is ended: the engine's wait cannot be interrupted."
-    watchdog = subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout + grace), prefix, suffix,
-         "probe" if probe_addresses else "names", *_worker_addresses(resolver)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-    )
+    suffix += " This process is ended (exit code 1): the engine's wait cannot be interrupted."
+    restore = _exit_1_on_sighup()
+    end_with = signal.SIGHUP if restore is not None else signal.SIGTERM
     try:
-        yield
+        watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout + grace), prefix, suffix,
+             "probe" if probe_addresses else "names", str(int(end_with)), *_worker_addresses(resolver)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        )
+        try:
+            yield
+        finally:
+            watchdog.kill()
+            watchdog.wait()
     finally:
-        watchdog.kill()
-        watchdog.wait()
+        if restore is not None:
+            restore()
+
+
+def _exit_1_on_sighup():
+    """Until the returned function is called, SIGHUP ends this process at
+    once with exit code 1, even while native code holds the interpreter (a
+    Python handler would wait for it; TensorFlow's SIGTERM handler keeps a
+    process alive): libc's `_exit` is the C handler, and a handler is
+    called with the signal's number, which is 1 for SIGHUP. None where this
+    cannot be done (no libc `signal`/`_exit`, SIGHUP not 1)."""
+    if getattr(signal, "SIGHUP", None) != 1:
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        set_handler, exit_now = libc.signal, libc._exit
+    except (OSError, AttributeError):
+        return None
+    set_handler.restype = ctypes.c_void_p
+    set_handler.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    previous = set_handler(signal.SIGHUP, ctypes.cast(exit_now, ctypes.c_void_p))
+    if previous == ctypes.c_void_p(-1).value:  # SIG_ERR
+        return None
+    return lambda: set_handler(signal.SIGHUP, previous)
 
 
 class PeerWorkerError(RuntimeError):

@@ -408,3 +408,48 @@ def test_an_address_this_process_cannot_serve_fails_before_joining(where):
         holder.close()
     assert "ValueError:" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
     assert "cannot be served by this process" in done.stdout and "free port" in done.stdout, done.stdout
+
+
+_NEVER_JOINED = """
+import keras_dist
+keras_dist.simulate_cpu_devices(1)
+keras_dist.MultiWorkerMirroredStrategy(
+    communication_options=keras_dist.experimental.CommunicationOptions(timeout_seconds=4))
+print("joined", flush=True)
+"""
+
+
+def test_a_worker_whose_peer_never_starts_exits_with_code_1():
+    """The multi-worker guide's promise for a peer that never starts: after
+    `timeout_seconds`, a `PeerWorkerError` naming whom it waited for, and
+    exit code 1. Worker 0 and worker 1, each alone in its own 2-worker
+    cluster, side by side. Where the engine's wait cannot be interrupted
+    (JAX; TensorFlow's leader) the process was ended by SIGTERM: 143 on JAX,
+    and on TensorFlow, whose SIGTERM handler kept it alive, SIGKILL 3 s
+    later (137)."""
+    processes = []
+    for index in range(2):
+        ports = _free_ports(2)
+        env = dict(
+            os.environ,
+            KERAS_BACKEND=BACKEND,
+            TF_CPP_MIN_LOG_LEVEL="3",
+            PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+            TF_CONFIG=json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                  "task": {"type": "worker", "index": index}}),
+        )
+        env.pop("KERAS_DIST_COORDINATOR", None)
+        processes.append(subprocess.Popen([sys.executable, "-c", _NEVER_JOINED], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+    try:
+        results = [process.communicate(timeout=150) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+    for index, (process, (stdout, stderr)) in enumerate(zip(processes, results)):
+        assert process.returncode == 1, (index, process.returncode, stderr[-3000:])
+        assert "joined" not in stdout
+        assert f"Worker {index} of 2: the job did not join within 4 s (waiting for worker {1 - index}" in stderr, \
+            stderr[-3000:]

@@ -6,7 +6,8 @@ Each FILE.json is one pytest run's record (`KERAS_DIST_DURATIONS`, written by
 tests/_suite_plugin.py): its wall time and every test's seconds and CPU
 seconds. The report gives each run's wall time and CPU time, each test
 file's share of them, every test of one second or more, and every test over 60 s with the reason its `slow` marker
-gives (or "no reason given", which is a bug to fix).
+gives, or, for a test that used under a fifth of that time on the CPU, that
+it was waiting for a core (else "no reason given", which is a bug to fix).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from collections import defaultdict
 
 SHOWN_FROM_S = 1.0
 OVER_S = 60.0
+#: A test over OVER_S whose CPU seconds are under this share of its wall
+#: seconds spent its time waiting for a core, not working: its reason says so.
+WAITING_SHARE = 0.2
 
 
 def _cpu(test: dict) -> float:
@@ -84,14 +88,17 @@ def report(runs: list[dict], header: str = "", root: str = os.path.dirname(os.pa
     over = [(t["seconds"], run["run"], t) for run in runs for t in run["tests"] if t["seconds"] > OVER_S]
     lines += ["", f"## Tests over {OVER_S:.0f} s, and why", ""]
     if over:
-        lines += ["| s | run | test | why |", "|---:|---|---|---|"]
+        lines += ["| s | CPU s | run | test | why |", "|---:|---:|---|---|---|"]
         for seconds, name, test in sorted(over, key=lambda o: -o[0]):
+            cpu = _cpu(test)
             why = (
                 test["markers"].get("slow")
                 or _reason_in_source(test["id"], root)
+                or (f"waiting for a core: {cpu:.0f} s of CPU in {seconds:.0f} s beside the other streams (no `slow` marker)"
+                    if "cpu_seconds" in test and cpu < WAITING_SHARE * seconds else "")
                 or "**no reason given: mark it `slow(\"why\")` or make it cheaper**"
             )
-            lines.append(f"| {seconds:.0f} | {name} | `{test['id']}` | {why} |")
+            lines.append(f"| {seconds:.0f} | {cpu:.0f} | {name} | `{test['id']}` | {why} |")
     else:
         lines.append("None.")
     for run in runs:

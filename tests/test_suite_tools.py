@@ -88,13 +88,15 @@ def test_report_totals_files_and_tests_over_a_minute_with_their_reasons():
             _test("tests/test_a.py::test_one", 90.0, slow="starts a job"),
             _test("tests/test_a.py::test_two", 0.5),
             _test("tests/test_b.py::test_three", 61.0, starts_processes=""),
+            _test("tests/test_c.py::test_starved", 70.0, cpu=5.0),
             _test("tests/test_b.py::test_four", 0.0, outcome="skipped"),
         ]},
     ]
     text = durations.report(runs)
-    assert "| jax | 4 | 3 | 1 | 2.5 | 2.5 | 1.3 |" in text
-    assert "| 90 | jax | `tests/test_a.py::test_one` | starts a job |" in text
-    assert "| 61 | jax | `tests/test_b.py::test_three` | **no reason given" in text
+    assert "| jax | 5 | 4 | 1 | 2.5 | 3.7 | 1.3 |" in text
+    assert "| 90 | 45 | jax | `tests/test_a.py::test_one` | starts a job |" in text
+    assert "| 61 | 30 | jax | `tests/test_b.py::test_three` | **no reason given" in text
+    assert "| 70 | 5 | jax | `tests/test_c.py::test_starved` | waiting for a core: 5 s of CPU in 70 s" in text
     assert "| tests/test_a.py | 2 | 90 | 45 |" in text and "| tests/test_b.py | 2 | 61 | 30 |" in text
     assert "| 61.0 | 30.5 | `tests/test_b.py::test_three` | yes |" in text
     assert "test_two" not in text  # under a second: counted, not listed

@@ -21,8 +21,11 @@ from keras_dist import _context, _shard
 
 
 def _has_an_empty_dimension(value) -> bool:
-    shape = getattr(value, "shape", None)
-    return shape is not None and any(dim == 0 for dim in tuple(shape))
+    try:
+        dims = tuple(getattr(value, "shape", None) or ())
+    except (TypeError, ValueError):  # a graph tensor of unknown rank
+        return False
+    return any(dim == 0 for dim in dims)
 
 
 def wrap_add(original):

@@ -18,14 +18,17 @@ from __future__ import annotations
 from keras_dist import _context
 
 
+def _loop_start(state):
+    """`state` fit to start a loop inside `run`; itself elsewhere."""
+    context = _context.replica_context()
+    return state if context is None else context._loop_carry(state)
+
+
 def wrap_rnn(original):
     """Wrapper for the backend's `rnn(step_function, inputs, initial_states, ...)`."""
 
     def rnn(step_function, inputs, initial_states, *args, **kwargs):
-        context = _context.replica_context()
-        if context is not None:
-            initial_states = context._loop_carry(initial_states)
-        return original(step_function, inputs, initial_states, *args, **kwargs)
+        return original(step_function, inputs, _loop_start(initial_states), *args, **kwargs)
 
     return rnn
 
@@ -34,9 +37,6 @@ def wrap_gru(original):
     """Wrapper for the backend's `gru(inputs, initial_state, mask, ...)`."""
 
     def gru(inputs, initial_state, *args, **kwargs):
-        context = _context.replica_context()
-        if context is not None:
-            initial_state = context._loop_carry(initial_state)
-        return original(inputs, initial_state, *args, **kwargs)
+        return original(inputs, _loop_start(initial_state), *args, **kwargs)
 
     return gru

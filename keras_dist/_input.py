@@ -10,6 +10,8 @@ import enum
 import threading
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+import numpy as np
+
 from keras_dist._split import per_replica_batch_size
 
 
@@ -582,6 +584,26 @@ class DistributedDataset(metaclass=abc.ABCMeta):
             state = reduce_fn(state, element)
         return state
 
+    #: The strategy that made this dataset (None: the default strategy),
+    #: and, for a `tf.data` dataset each worker reads its own stream of,
+    #: that dataset: what `fit`/`evaluate`/`predict` train on instead
+    #: (`keras_dist._hooks._distributed_input`).
+    _owner: Any = None
+    _fit_source: Any = None
+    #: How many global batches a pass gives, where the source says (a list's
+    #: length, a tf.data dataset's known cardinality); else None.
+    num_global_batches: Optional[int] = None
+
+    def _made_by(self, strategy: Any, fit_source: Any = None, num_global_batches: Optional[int] = None) -> "DistributedDataset":
+        self._owner, self._fit_source = strategy, fit_source
+        self.num_global_batches = num_global_batches
+        return self
+
+    def global_batches(self) -> Iterator:
+        """A fresh pass over the global batches this dataset splits (what
+        `fit(distributed_dataset)` trains on, as one device would)."""
+        return (check_same_rows(batch) for batch in self._batches())
+
 
 class DistributedDatasetsFromFunction(DistributedDataset):
     """Iterates per-replica batches made by `dataset_fn`, one per replica.
@@ -608,19 +630,28 @@ class DistributedDatasetsFromFunction(DistributedDataset):
         self._per_replica = per_replica  # one batches() per replica (PER_REPLICA)
 
     def _elements(self) -> Iterator:
+        return (self._combine(group) for group in self._groups())
+
+    def global_batches(self) -> Iterator:
+        """Each step's replica batches, concatenated in replica order: the
+        global batch the step trains on."""
+        return (concatenate_rows(group) for group in self._groups())
+
+    def _groups(self) -> Iterator:
+        """Each step's replica batches (fewer than the replicas at the end)."""
         if self._per_replica is not None:
-            yield from self._per_replica_elements()
+            yield from self._per_replica_groups()
             return
         group = []
         for batch in self._batches():
             group.append(batch)
             if len(group) == self._num_replicas:
-                yield self._combine(group)
+                yield group
                 group = []
         if group:
-            yield self._combine(group)
+            yield group
 
-    def _per_replica_elements(self) -> Iterator:
+    def _per_replica_groups(self) -> Iterator:
         iterators = [iter(batches()) for batches in self._per_replica]
         while True:
             group, done = [], []
@@ -636,7 +667,36 @@ class DistributedDatasetsFromFunction(DistributedDataset):
                     "every replica's dataset the same number of batches (the last "
                     "replicas' may end one step early)."
                 )
-            yield self._combine(group)
+            yield group
+
+
+def known_length(dataset: Any) -> Optional[int]:
+    """How many batches `dataset` gives, if it says without being read
+    (`len()`, or a tf.data dataset's known cardinality); else None.
+
+    >>> known_length([1, 2, 3]), known_length(iter([1]))
+    (3, None)
+    """
+    cardinality = getattr(dataset, "cardinality", None)
+    if callable(cardinality) and hasattr(dataset, "element_spec"):
+        count = int(cardinality())
+        return count if count >= 0 else None
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def concatenate_rows(batches: list) -> Any:
+    """Batches of one structure joined along rows (NumPy).
+
+    >>> import numpy as np
+    >>> concatenate_rows([(np.zeros((2, 3)), np.ones(2)), (np.zeros((1, 3)), np.ones(1))])[0].shape
+    (3, 3)
+    """
+    import keras
+
+    return keras.tree.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *batches)
 
 
 _END = object()

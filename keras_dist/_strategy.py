@@ -336,6 +336,7 @@ class Strategy:
             check_batched,
             check_dataset,
             check_same_rows,
+            known_length,
         )
         from keras_dist import _tf_data
 
@@ -363,10 +364,10 @@ class Strategy:
                 lambda batch: adapter.split_global_batch(engine, batch),
                 self._element_spec,
                 options.experimental_per_replica_buffer_size,
-            )
+            )._made_by(self, fit_source=dataset)
         native = adapter.distribute_dataset_natively(engine, dataset, self._first_local_replica(), "global_batches", options)
         if native is not None:
-            return native
+            return _trains_as(native, self, dataset)
         _check_host_input_options("experimental_distribute_dataset", options)
         batches = lambda: adapter.iterate_batches(dataset)  # noqa: E731
         return DistributedDataset(
@@ -374,7 +375,7 @@ class Strategy:
             lambda batch: adapter.split_global_batch(engine, check_same_rows(batch)),
             self._element_spec,
             options.experimental_per_replica_buffer_size,
-        )
+        )._made_by(self, num_global_batches=known_length(dataset))
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
         """Calls `dataset_fn(InputContext)`; its batches are per-replica.
@@ -404,17 +405,18 @@ class Strategy:
         native = adapter.distribute_dataset_natively(
             engine, datasets, self._first_local_replica(), "per_replica_pipelines" if per_replica else "per_replica_batches", options
         )
-        if native is not None:
-            return native
-        _check_host_input_options("distribute_datasets_from_function", options)
-        return DistributedDatasetsFromFunction(
+        in_python = DistributedDatasetsFromFunction(
             lambda: adapter.iterate_batches(datasets),
             num,
             lambda batches: adapter.combine_replica_batches(engine, batches),
             self._element_spec,
             options.experimental_per_replica_buffer_size,
             [(lambda d=d: adapter.iterate_batches(d)) for d in datasets] if per_replica else None,
-        )
+        )._made_by(self, num_global_batches=_steps_of_replica_batches(datasets, num, per_replica))
+        if native is not None:
+            return _trains_as(native, self, in_python)
+        _check_host_input_options("distribute_datasets_from_function", options)
+        return in_python
 
     def _first_local_replica(self) -> int:
         """The replica index of this worker's first device."""
@@ -560,6 +562,30 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
             f"of rank {rank} (valid: {-rank}..{rank - 1}); "
             + ("pass axis=None to combine scalars." if method == "reduce" and rank == 0 else "pick an existing axis.")
         )
+
+
+def _trains_as(native: Any, strategy: "Strategy", source: Any) -> Any:
+    """`native` (the engine's own distributed dataset) marked with what
+    `fit`/`evaluate`/`predict` under `strategy` take in its place: its
+    undistributed source, or keras_dist's own distributed dataset of the
+    same batches (`keras_dist._hooks._distributed_input`). Handed to Keras
+    as it is, the engine's would be read as global batches of one
+    replica's rows (TensorFlow: 0.28 off one device on 4 replicas)."""
+    native._keras_dist_trains_as = (strategy, source)
+    return native
+
+
+def _steps_of_replica_batches(datasets: Any, num_replicas: int, per_replica: bool) -> Optional[int]:
+    """How many steps `distribute_datasets_from_function`'s input gives,
+    where its datasets say (else None): one per `num_replicas` batches of
+    one pipeline, or the longest of the replicas' pipelines."""
+    from keras_dist._input import known_length
+
+    if per_replica:
+        lengths = [known_length(d) for d in datasets]
+        return None if None in lengths else max(lengths, default=0)
+    length = known_length(datasets)
+    return None if length is None else -(-length // num_replicas)
 
 
 def _input_options(method: str, options: Any):

@@ -136,3 +136,24 @@ def empty_batch(element_spec: Any) -> Any:
         return np.zeros([0, *shape[1:]], spec.dtype.as_numpy_dtype)
 
     return tf.nest.map_structure(empty, element_spec)
+
+
+def dataset_of_batches(batches: Any, element_spec: Any) -> Any:
+    """A `tf.data.Dataset` whose every pass calls `batches()` for a fresh
+    pass over its batches; `element_spec` gives each part's dtype and
+    inner shape (a `keras.KerasTensor` or anything with `shape`/`dtype`;
+    the batch dimension is left unknown).
+
+    >>> import numpy as np
+    >>> import keras
+    >>> spec = keras.KerasTensor((None, 2), dtype="float32")
+    >>> d = dataset_of_batches(lambda: iter([np.ones((3, 2), "float32")]), spec)
+    >>> [b.shape for b in d.as_numpy_iterator()], [b.shape for b in d.as_numpy_iterator()]
+    ([(3, 2)], [(3, 2)])
+    """
+    import tensorflow as tf
+
+    def signature(spec):
+        return tf.TensorSpec((None, *tuple(spec.shape)[1:]), tf.as_dtype(spec.dtype))
+
+    return tf.data.Dataset.from_generator(batches, output_signature=tf.nest.map_structure(signature, element_spec))

@@ -45,6 +45,22 @@ if BACKEND == "jax" and JAX_CACHE:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+#: `make test` also gives the JAX processes the tests start (examples, guide
+#: blocks, workers) one XLA compilation cache shared by every stream
+#: (`.test-logs/jax-cache-processes`, new each run): a worker or example that
+#: runs a program an earlier one compiled loads it. Several processes read and
+#: write it at once, so it is set up with a size limit, which makes JAX take a
+#: file lock around every read and write (without one, a process can read an
+#: entry another is still writing). Only the program of process 0 of a
+#: multi-process job is written, as JAX does. `make test-stress` and
+#: `make test-faults` set none: there every process compiles its own.
+JAX_PROCESS_CACHE = os.environ.get("KERAS_DIST_TEST_JAX_PROCESS_CACHE")
+if BACKEND == "jax" and JAX_PROCESS_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_PROCESS_CACHE
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
 
 #: backend -> (marker of the tests that need the other backend's package,
 #: that package, the make target that runs those tests). None on TensorFlow.
@@ -53,6 +69,8 @@ OTHER_BACKEND = {"jax": ("needs_tensorflow", "tensorflow", "make test-jax-with-t
 
 def pytest_report_header(config):
     cache = f", XLA compilation cache {JAX_CACHE}" if BACKEND == "jax" and JAX_CACHE else ""
+    if BACKEND == "jax" and JAX_PROCESS_CACHE:
+        cache += f", for the processes it starts {JAX_PROCESS_CACHE}"
     return f"keras {keras.version()}, backend {BACKEND}, {NUM_DEVICES} simulated CPU devices{cache}"
 
 

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import keras
 
+import keras_dist
+
 from _helpers import (
     FEATURES,
     assert_same_logs,
@@ -274,3 +276,146 @@ def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
         assert streams[0] == streams[1] == [[0, 1], [2, 3], [4, 5], [6, 100], [101, 102], [103, 104], [105, 106]]
     else:
         assert streams == [[[0, 1], [2, 3], [4, 5], [6]], [[100, 101], [102, 103], [104, 105], [106]]]
+
+
+# --- fit/evaluate/predict of a keras_dist distributed dataset (tf.keras took one) ---
+
+_STRATEGIES = {
+    "mirrored-4": lambda: keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)]),
+    "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+    "central-storage-4": lambda: keras_dist.CentralStorageStrategy([f"cpu:{i}" for i in range(4)]),
+}
+_ROWS, _GLOBAL = 30, 8  # global batches 8, 8, 8, 6: uneven over 4 replicas, partial last
+
+
+def _sequential(built: bool):
+    """Seeded initializers: the same weights however and wherever built."""
+    init = keras.initializers.GlorotUniform
+    layers = [
+        keras.layers.Dense(6, activation="tanh", kernel_initializer=init(seed=1)),
+        keras.layers.Dense(1, kernel_initializer=init(seed=2)),
+    ]
+    return keras.Sequential(([keras.Input((FEATURES,))] if built else []) + layers)
+
+
+def _distributed(strategy, source, x, y):
+    """`strategy`'s distributed dataset of `x, y` in global batches of
+    `_GLOBAL` rows, made as a user makes it."""
+    if source == "experimental_distribute_dataset":
+        batches = [(x[i : i + _GLOBAL], y[i : i + _GLOBAL]) for i in range(0, len(x), _GLOBAL)]
+        return strategy.experimental_distribute_dataset(batches)
+
+    def dataset_fn(context):  # one pipeline of per-replica batches (PER_WORKER)
+        per_replica = context.get_per_replica_batch_size(_GLOBAL)
+        return [(x[i : i + per_replica], y[i : i + per_replica]) for i in range(0, len(x), per_replica)]
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+@pytest.mark.parametrize("strategy_name", list(_STRATEGIES))
+@pytest.mark.parametrize(
+    "source, built",
+    [("experimental_distribute_dataset", True), ("distribute_datasets_from_function", False)],
+    ids=["distribute_dataset-eager", "datasets_from_function-lazy"],
+)
+def test_fit_evaluate_predict_take_a_distributed_dataset_as_one_device_its_global_batches(strategy_name, source, built):
+    """tf.keras' `model.fit(strategy.experimental_distribute_dataset(d))`:
+    trains on the dataset's global batches, as one device does on them,
+    with validation data of the same kind; evaluate and predict too."""
+    x, y = make_data(_ROWS, seed=5)
+    y = y.reshape(-1, 1).astype("float32")
+    reference = _sequential(built)
+    reference.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    history_ref = reference.fit(
+        x, y, batch_size=_GLOBAL, epochs=2, shuffle=False, verbose=0, validation_data=(x[:12], y[:12])
+    )
+    strategy = _STRATEGIES[strategy_name]()
+    with strategy.scope():
+        model = _sequential(built)
+        model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+    validation = strategy.experimental_distribute_dataset([(x[:12], y[:12])])
+    history = model.fit(_distributed(strategy, source, x, y), epochs=2, verbose=0, validation_data=validation)
+
+    assert_same_weights(reference, model, atol=1e-6)
+    assert_same_logs({k: v[-1] for k, v in history_ref.history.items()}, {k: v[-1] for k, v in history.history.items()}, atol=1e-6)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 8  # 4 global batches, 2 epochs
+    assert_same_logs(
+        reference.evaluate(x, y, batch_size=_GLOBAL, verbose=0, return_dict=True),
+        model.evaluate(_distributed(strategy, source, x, y), verbose=0, return_dict=True),
+    )
+    predicted = model.predict(_distributed(strategy, source, x, y), verbose=0)
+    np.testing.assert_allclose(predicted, reference.predict(x, batch_size=_GLOBAL, verbose=0), atol=1e-6, rtol=0)
+
+
+@pytest.mark.needs_tensorflow
+@pytest.mark.parametrize("source", ["experimental_distribute_dataset", "distribute_datasets_from_function"])
+def test_fit_takes_a_distributed_tf_data_dataset_as_one_device(source):
+    """The tf-docs way: a batched tf.data dataset, distributed, into fit.
+    On TensorFlow the strategy returns tf's own distributed dataset, which
+    Keras alone reads as global batches of one replica's rows (0.28 off
+    one device on 4 replicas, and `iterations` 10 for 8 steps on one)."""
+    import tensorflow as tf
+
+    x, y = make_data(_ROWS, seed=5)
+    y = y.reshape(-1, 1).astype("float32")
+    reference = _sequential(True)
+    reference.compile(keras.optimizers.SGD(0.1), "mse")
+    history_ref = reference.fit(x, y, batch_size=_GLOBAL, epochs=2, shuffle=False, verbose=0)
+    strategy = _STRATEGIES["mirrored-4"]()
+    with strategy.scope():
+        model = _sequential(True)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    examples = tf.data.Dataset.from_tensor_slices((x, y))
+    if source == "experimental_distribute_dataset":
+        distributed = strategy.experimental_distribute_dataset(examples.batch(_GLOBAL))
+    else:
+        distributed = strategy.distribute_datasets_from_function(
+            lambda context: examples.batch(context.get_per_replica_batch_size(_GLOBAL))
+        )
+    history = model.fit(distributed, epochs=2, verbose=0)
+    assert_same_weights(reference, model, atol=1e-6)
+    assert_same_logs({k: v[-1] for k, v in history_ref.history.items()}, {k: v[-1] for k, v in history.history.items()}, atol=1e-6)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 8  # 4 global batches, 2 epochs
+
+
+def test_a_distributed_dataset_of_another_strategy_or_with_y_is_refused_before_training():
+    x, y = make_data(_ROWS, seed=5)
+    y = y.reshape(-1, 1).astype("float32")
+    strategy, other = _STRATEGIES["mirrored-4"](), _STRATEGIES["one-device"]()
+    with strategy.scope():
+        model = _sequential(True)
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match="made by OneDeviceStrategy.*belongs to MirroredStrategy"):
+        model.fit(other.experimental_distribute_dataset([(x, y)]), verbose=0)
+    with pytest.raises(ValueError, match="made by the default strategy"):
+        model.evaluate(keras_dist.get_strategy().experimental_distribute_dataset([(x, y)]), verbose=0)
+    with pytest.raises(ValueError, match="got a distributed dataset as x and a `y`"):
+        model.fit(strategy.experimental_distribute_dataset([(x, y)]), y, verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def _doctests_pass(module):
+    import doctest
+
+    finder, runner, output = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS), []
+    tests = [t for t in finder.find(module, module.__name__) if t.examples]
+    assert tests, f"no examples in {module.__name__}"
+    for test in tests:
+        runner.run(test, out=output.append)
+    assert runner.failures == 0, "".join(output)
+
+
+@pytest.mark.parametrize("name", ["_input", "_split"])
+def test_input_modules_docstring_examples_run(name):
+    import importlib
+
+    _doctests_pass(importlib.import_module(f"keras_dist.{name}"))
+
+
+@pytest.mark.needs_tensorflow
+def test_tf_data_module_docstring_examples_run():
+    from keras_dist import _tf_data
+
+    _doctests_pass(_tf_data)

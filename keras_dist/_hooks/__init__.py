@@ -14,7 +14,8 @@ adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
 `_variables` (variables agree across workers; a variable split over the ps
 tasks is trained as its shards), `_loops` (recurrent layers inside `run`),
-`_empty_replicas` (replicas a global batch leaves without rows), `_ps_fit` (fit under
+`_empty_replicas` (replicas a global batch leaves without rows), `_distributed_input`
+(`fit` of a distributed dataset: its global batches), `_ps_fit` (fit under
 ParameterServerStrategy, entered from `_entry`'s fit). Nothing here imports jax or tensorflow.
 
 Hooks:

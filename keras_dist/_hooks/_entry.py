@@ -12,7 +12,7 @@ import keras
 
 from keras_dist import _context, _tf_data
 from keras_dist._communication import PeerWorkerError
-from keras_dist._hooks import _files, _optimizers, _ps_fit, _sigterm
+from keras_dist._hooks import _distributed_input, _files, _optimizers, _ps_fit, _sigterm
 from keras_dist._hooks._patching import model_strategy, remember_strategy
 from keras_dist._input import check_batched, worker_streams
 from keras_dist._split import validate_batch_size
@@ -121,6 +121,7 @@ def wrap_entry(name: str):
                 return original(self, *args, **kwargs)
             if _ps_fit.is_parameter_server(strategy) and name in ("fit", "train_on_batch"):
                 return _parameter_server_fit(self, strategy, name, signature, args, kwargs)
+            args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, strategy, self, args, kwargs)
             if batch_arguments:
                 try:
                     bound = signature.bind(self, *args, **kwargs).arguments

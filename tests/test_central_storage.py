@@ -117,3 +117,40 @@ def test_jax_train_step_that_skips_stateless_apply_is_a_clear_error():
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)  # nothing changed; the model still works
     assert model.predict(np.ones((2, 3)), verbose=0).shape == (2, 1)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a layer built inside tf.function: TensorFlow code")
+def test_a_layer_built_lazily_inside_tf_function_lives_on_the_parameter_device_and_trains_as_one_device():
+    """tf-keras's custom-loop tests build a Dense at its first call inside a
+    `tf.function` step; tf's CentralStorage creator failed there (`Using a
+    symbolic tf.Tensor as a Python bool`), under plain tf.distribute too."""
+    import tensorflow as tf
+
+    x, y = make_data(40)
+    batches = [(x[i : i + 10], y[i : i + 10]) for i in range(0, 40, 10)]
+
+    def train(strategy):
+        with strategy.scope():
+            layer = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=4))
+            optimizer = keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(inputs):
+            def replica_step(features, labels):
+                with tf.GradientTape() as tape:
+                    loss = keras_dist.compute_average_loss(keras.losses.mean_squared_error(labels[:, None], layer(features)))
+                optimizer.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables))
+                return loss
+
+            return strategy.run(replica_step, args=inputs)
+
+        for inputs in strategy.experimental_distribute_dataset(batches):
+            step(inputs)
+        return layer
+
+    reference = train(keras_dist.get_strategy())
+    layer = train(central(4, parameter_device="cpu:3"))
+    for variable in layer.weights:
+        assert _devices_holding(variable) == {"cpu:3"}, variable.path
+    for a, b in zip(reference.get_weights(), layer.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

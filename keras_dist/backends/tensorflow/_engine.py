@@ -16,6 +16,7 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.distribute import distribute_utils
 from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.distribute import parameter_server_strategy
+from tensorflow.python.distribute import ps_values
 from tensorflow.python.eager import context as tf_context
 
 from keras_dist import _devices
@@ -297,9 +298,26 @@ class _CentralStorageExtended(parameter_server_strategy.ParameterServerStrategyE
       moving statistics, seed states) take replica 0's write: keras_dist
       makes every replica compute the same value (global moments), and tf
       refuses an un-aggregated write in replica context.
+    - A variable made inside a `tf.function` (a layer built lazily by the
+      first call in a traced step) is wrapped as tf wraps one made
+      eagerly; tf's own creator then fails (`Using a symbolic tf.Tensor as
+      a Python bool`: it looks the variable up in graph collections, which
+      Keras 3 does not use), under plain tf.distribute too.
     Everything else is tf's: one variable on the parameter device, and
     the optimizer applies the summed gradient there once.
     """
+
+    def _create_var_creator(self, next_creator, **kwargs):
+        if tf.executing_eagerly() or self._num_replicas_in_sync <= 1:
+            return super()._create_var_creator(next_creator, **kwargs)
+        aggregation = kwargs.pop("aggregation", tf.VariableAggregation.NONE)
+        super()._create_var_creator(next_creator, aggregation=aggregation, **kwargs)  # tf's checks
+
+        def var_creator(**kwargs):
+            kwargs.pop("collections", None)
+            return ps_values.AggregatingVariable(self._container_strategy(), next_creator(**kwargs), aggregation)
+
+        return var_creator
 
     def _create_variable(self, next_creator, **kwargs):
         synchronization = kwargs.get("synchronization")

@@ -14,7 +14,8 @@ python -m keras_dist.launch -n 2 --backend jax train.py --epochs 3
 Each worker's output lines are prefixed with `[worker i] `; gloo's
 "[Gloo] Rank i is connected to n peer ranks" lines, absl's "All log
 messages before absl::InitializeLog()" line and the engines' C++ INFO lines
-are dropped (`--log-dir` keeps everything). If a worker
+are dropped (`--log-dir` keeps everything; `--local-ranks-filter 0`
+shows only worker 0's output, as torchrun's option does). If a worker
 fails, the others are stopped and the whole job is restarted (with fresh
 ports) while `--max-restarts` allows, else the launcher exits with the
 failing worker's code. No worker (nor anything it started) outlives the
@@ -187,7 +188,7 @@ _ENGINE_NOTICE = re.compile(
 
 
 def _pump(pipe, prefix: bytes, stream_name: str, output: "_Output", progress: "_Progress", index: int,
-          recent=None, log=None) -> None:
+          recent=None, log=None, show: bool = True) -> None:
     """Forwards a worker's output as it arrives, not only at line ends, so
     Keras' progress bar (redrawn with "\r", no newline until the epoch
     ends) stays live: each update is written as `prefix + bar + "\r"`."""
@@ -211,13 +212,15 @@ def _pump(pipe, prefix: bytes, stream_name: str, output: "_Output", progress: "_
                 if match.end() == len(pending) and pending.endswith(b"\r"):
                     break  # a "\r" that may be the start of "\r\n": wait
                 end = match.end()
-                _forward(match.group(), prefix, stream_name, output, recent)
+                _forward(match.group(), prefix, stream_name, output, recent, show)
             pending = pending[end:]
         if pending:
-            _forward(pending + b"\n", prefix, stream_name, output, recent)
+            _forward(pending + b"\n", prefix, stream_name, output, recent, show)
 
 
-def _forward(segment: bytes, prefix: bytes, stream_name: str, output: "_Output", recent) -> None:
+def _forward(segment: bytes, prefix: bytes, stream_name: str, output: "_Output", recent, show: bool = True) -> None:
+    """One line (or `\r` progress update) of a task's output to the console;
+    `show` False (`--local-ranks-filter`): only kept for the failure report."""
     text = segment.replace(b"\b", b"")
     if text.endswith(b"\n"):
         line = text.rstrip(b"\r\n")
@@ -225,8 +228,9 @@ def _forward(segment: bytes, prefix: bytes, stream_name: str, output: "_Output",
             return
         if recent is not None:
             recent.append(line.decode("utf-8", errors="replace"))
-        output.write(getattr(sys, stream_name), prefix + line + b"\n")
-    elif text.rstrip(b"\r"):  # a progress update (an empty one only moves the cursor)
+        if show:
+            output.write(getattr(sys, stream_name), prefix + line + b"\n")
+    elif show and text.rstrip(b"\r"):  # a progress update (an empty one only moves the cursor)
         output.write(getattr(sys, stream_name), prefix + text)
 
 
@@ -433,6 +437,7 @@ def _run_attempt(
     output: _Output,
     num_ps: int = 0,
     log_dir: str | None = None,
+    shown_workers: frozenset | None = None,
 ) -> _Outcome:
     tasks = _parameter_server_tasks(command, num_workers, num_ps, host, backend, base_env) if num_ps else None
     if tasks is None:
@@ -498,7 +503,8 @@ def _run_attempt(
             for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
                 pump = threading.Thread(
                     target=_pump,
-                    args=(pipe, prefix, name, output, progress, index, recent[index] if name == "stderr" else None, log),
+                    args=(pipe, prefix, name, output, progress, index, recent[index] if name == "stderr" else None, log,
+                          shown_workers is None or task_type != "worker" or task_index in shown_workers),
                     daemon=True,
                     name=f"keras-dist-{label.replace(' ', '')}-{name}",
                 )
@@ -618,6 +624,7 @@ def launch(
     max_time: float | None = None,
     num_ps: int = 0,
     log_dir: str | os.PathLike | None = None,
+    local_ranks_filter: Sequence[int] | None = None,
 ) -> int:
     """Runs `script` as `num_workers` local workers; returns the exit code.
 
@@ -629,7 +636,11 @@ def launch(
     actors). The job's outcome is the script's; every process is reaped.
     With `log_dir`, each process's output also goes, unprefixed, to
     `log_dir/<task>.log` (`worker0.log`, `chief.log`, `ps0.log`; a
-    restart's to `worker0.attempt1.log`).
+    restart's to `worker0.attempt1.log`). With `local_ranks_filter` (worker
+    indices, as torchrun's), only those workers' output reaches the console
+    (the chief and ps tasks of a parameter-server job always do); the
+    others' still goes to `log_dir`, and a failing worker's last lines are
+    still in the failure report.
 
     `env` is the workers' base environment (default: `os.environ`), to which
     `TF_CONFIG` and the `KERAS_DIST_*` variables are added. A failed worker
@@ -649,6 +660,7 @@ def launch(
     _validate(script, args, num_workers, backend, max_restarts, timeout, max_time)
     if isinstance(num_ps, bool) or not isinstance(num_ps, int) or num_ps < 0:
         raise ValueError(f"the number of ps tasks must be an integer >= 0, got {num_ps!r}")
+    shown_workers = _check_ranks_filter(local_ranks_filter, num_workers)
     command = [sys.executable, os.fspath(script), *map(str, args)]
     base_env = dict(os.environ if env is None else env)
     if log_dir is not None:
@@ -668,7 +680,7 @@ def launch(
         while True:
             outcome = _run_attempt(
                 command, num_workers, host, base_env, backend, attempt, deadline, timeout,
-                signals, output, num_ps, log_dir,
+                signals, output, num_ps, log_dir, shown_workers,
             )
             if outcome.kind == "ok":
                 return finish(0, "the job finished, every process exited 0")
@@ -697,6 +709,27 @@ def launch(
             restarts = f" after {attempt} restart(s)" if max_restarts else ""
             output.message(f"{failure}; stopped all workers, the job failed{restarts}")
             return finish(_exit_code(outcome.returncode), "the job failed")
+
+
+def _check_ranks_filter(ranks: Sequence[int] | None, num_workers: int) -> frozenset | None:
+    """The worker indices `--local-ranks-filter` shows, checked; None: all."""
+    if ranks is None:
+        return None
+    ranks = list(ranks)
+    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < num_workers]
+    if not ranks or bad:
+        raise ValueError(
+            f"--local-ranks-filter must name worker indices from 0 to {num_workers - 1} "
+            f"(comma-separated, e.g. 0 or 0,1), got {ranks!r}"
+        )
+    return frozenset(ranks)
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated worker indices: {text!r}") from None
 
 
 def _positive_float(text: str) -> float:
@@ -735,6 +768,11 @@ def _launch_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="also write each process's output to DIR/<task>.log "
                         "(worker0.log, ...; default: none)")
+    parser.add_argument("--local-ranks-filter", type=_ranks, default=None, metavar="RANKS",
+                        help="show only these workers' output on the console (comma-separated "
+                        "indices, e.g. 0 or 0,2; torchrun's option); the others' goes to "
+                        "--log-dir, and a failing worker's last lines are still reported "
+                        "(default: every worker)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the workers bind to (default: 127.0.0.1)")
     parser.add_argument("script", help="the Python script each worker runs")
@@ -790,6 +828,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       options.max_restarts, options.timeout, options.max_time)
             if options.ps < 0:
                 raise ValueError(f"--ps must be >= 0, got {options.ps}")
+            _check_ranks_filter(options.local_ranks_filter, options.num_workers)
         except ValueError as error:
             parser.error(str(error))
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
@@ -806,6 +845,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_time=options.max_time,
         num_ps=options.ps,
         log_dir=options.log_dir,
+        local_ranks_filter=options.local_ranks_filter,
     )
 
 

@@ -228,6 +228,25 @@ def test_a_raising_worker_is_reported_with_its_traceback(tmp_path, worker):
     _assert_all_gone(tmp_path)
 
 
+def test_local_ranks_filter_shows_only_those_workers_and_still_reports_a_hidden_failure(tmp_path, worker):
+    """torchrun's `--local-ranks-filter`: the console shows the named
+    workers' output; `--log-dir` keeps every worker's; a hidden worker
+    that fails is still the root cause, with its traceback."""
+    logs = tmp_path / "logs"
+    result, _ = _run("-n", 2, "--local-ranks-filter", 1, "--log-dir", logs, worker, tmp_path, "env")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[worker 1] hello from 1" in result.stdout and "[worker 1] complaint from 1" in result.stderr
+    assert "[worker 0]" not in result.stdout + result.stderr
+    assert "hello from 0" in (logs / "worker0.log").read_text()
+
+    result, _ = _run("-n", 2, "--local-ranks-filter", 0, worker, tmp_path, "raise", timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "[worker 1]" not in result.stdout
+    assert "root cause (the first exception): worker 1 raised ValueError: bad row 7" in result.stderr
+    assert "keras-dist launch:   | ValueError: bad row 7 in the input" in result.stderr
+    _assert_all_gone(tmp_path)
+
+
 def _launcher_line_kinds(text):
     """The launcher's own lines, reduced to their wording (no numbers,
     addresses, paths, exception texts or traceback lines)."""
@@ -405,6 +424,8 @@ def test_sigterm_to_launcher_stops_workers(tmp_path, worker):
         (["-n", "2", "--max-restarts", "-1", "{worker}"], "max_restarts"),
         (["-n", "2", "--max-time", "0", "{worker}"], "--max-time"),
         (["-n", "2", "--backend", "torch", "{worker}"], "invalid choice"),
+        (["-n", "2", "--local-ranks-filter", "2", "{worker}"], "--local-ranks-filter must name worker indices from 0 to 1"),
+        (["-n", "2", "--local-ranks-filter", "0,x", "{worker}"], "not comma-separated worker indices"),
         (["launch", "{worker}"], "-n"),
         ([], "usage"),
     ],

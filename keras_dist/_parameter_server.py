@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from keras_dist import _foreign
 from keras_dist._strategy import Strategy, StrategyExtended
+from keras_dist.backends import get_adapter
 
 #: The jobs a parameter-server cluster may have.
 _JOBS = ("chief", "worker", "ps", "evaluator")
@@ -76,6 +77,7 @@ class ParameterServerStrategy(Strategy):
     def __init__(self, cluster_resolver: Any = None, variable_partitioner: Optional[Callable] = None):
         from keras_dist.cluster_resolver import TFConfigClusterResolver
 
+        get_adapter().check_parameter_servers_supported()  # a missing package: say so now
         resolver = _foreign.accept(cluster_resolver, "cluster_resolver") or TFConfigClusterResolver()
         check_parameter_server_cluster(resolver)
         if variable_partitioner is not None and not callable(variable_partitioner):

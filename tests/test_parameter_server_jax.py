@@ -423,8 +423,9 @@ def test_bad_inputs_one_clear_error_each_before_any_state_changes(one_one):
 
 @pytest.mark.starts_processes
 def test_ray_is_optional_and_imported_only_by_the_jax_engine():
-    """Ray is imported by keras_dist/backends/jax/ only; without it, the
-    error names the extra (checked in a process where `import ray` fails)."""
+    """Ray is imported by keras_dist/backends/jax/ only; without it, making
+    the strategy is the error, naming the extra (checked in a process where
+    `import ray` fails)."""
     import ast
     import pathlib
     import subprocess
@@ -446,12 +447,13 @@ def test_ray_is_optional_and_imported_only_by_the_jax_engine():
         "sys.modules['ray'] = None  # as if it were not installed\n"
         "r = keras_dist.cluster_resolver.SimpleClusterResolver({'chief': ['localhost:1'], 'worker': ['localhost:2'],"
         " 'ps': ['localhost:3']}, task_type='chief', task_id=0)\n"
-        "s = keras_dist.ParameterServerStrategy(r)\n"
-        "try:\n    keras_dist.coordinator.ClusterCoordinator(s)\n"
-        "except ImportError as e:\n    print('ERROR', e)\n"
+        "try:\n    keras_dist.ParameterServerStrategy(r)\n"
+        "except ImportError as e:\n    print('ERROR AT CREATION', e)\n"
     )
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert "NO RAY YET" in out.stdout, out.stdout + out.stderr  # importing the backend does not start Ray
+    # the error comes when the strategy is made, not at its first use
+    assert 'ERROR AT CREATION ParameterServerStrategy on the JAX backend' in out.stdout, out.stdout + out.stderr
     assert 'pip install "keras-dist[ray]"' in out.stdout, out.stdout + out.stderr
 
 

@@ -189,6 +189,12 @@ class BackendAdapter(abc.ABC):
     # builds the ps side for a `ParameterServerStrategy`; these methods are
     # the coordinator's, called from the user's (the chief's) process.
 
+    def check_parameter_servers_supported(self) -> None:
+        """Raises, naming the fix, when this backend cannot run a
+        `ParameterServerStrategy` here (a missing optional package), so the
+        error comes when the strategy is made, not at its first use.
+        Optional: the default accepts."""
+
     @abc.abstractmethod
     def create_coordinator(self, strategy: Any) -> Any:
         """The engine's coordinator for the `ParameterServerStrategy`

@@ -54,6 +54,7 @@ class JaxAdapter(BackendAdapter):
     sum_gradients_for_apply = staticmethod(_replica.sum_gradients_for_apply)
     global_moments = staticmethod(_replica_step.global_moments)
     # parameter servers
+    check_parameter_servers_supported = staticmethod(_parameter_servers.check_ray_installed)
     create_coordinator = staticmethod(_parameter_servers.create_coordinator)
     schedule = staticmethod(_parameter_servers.schedule)
     fetch = staticmethod(_parameter_servers.fetch)

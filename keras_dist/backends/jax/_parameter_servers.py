@@ -54,15 +54,27 @@ MAX_WORKER_RESTARTS = 2
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
+_NO_RAY = (
+    "ParameterServerStrategy on the JAX backend runs its workers and "
+    "parameter servers as Ray actors, and Ray is not installed: "
+    'pip install "keras-dist[ray]"'
+)
+
+
+def check_ray_installed() -> None:
+    """When the strategy is made: Ray is there to import (not imported yet:
+    that, and starting it, wait for the first use)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError(_NO_RAY)
+
+
 def _ray():
     try:
         import ray
     except ImportError as error:
-        raise ImportError(
-            "ParameterServerStrategy on the JAX backend runs its workers and "
-            "parameter servers as Ray actors, and Ray is not installed: "
-            'pip install "keras-dist[ray]"'
-        ) from error
+        raise ImportError(_NO_RAY) from error
     return ray
 
 

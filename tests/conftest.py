@@ -28,11 +28,6 @@ keras_dist.simulate_cpu_devices(NUM_DEVICES)
 
 BACKEND = keras.config.backend()
 
-if BACKEND == "tensorflow" and os.environ.get("KERAS_DIST_TEST_NO_GRAPPLER"):  # EXPERIMENT
-    import tensorflow as tf
-
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-
 #: `make test` gives the JAX pytest processes of each stream one persistent
 #: XLA compilation cache, new for each run (`.test-logs/jax-cache-<stream>`),
 #: used in the pytest process only:

@@ -590,14 +590,22 @@ class DistributedDataset(metaclass=abc.ABCMeta):
     #: (`keras_dist._hooks._distributed_input`).
     _owner: Any = None
     _fit_source: Any = None
-    #: How many global batches a pass gives, where the source says (a list's
-    #: length, a tf.data dataset's known cardinality); else None.
-    num_global_batches: Optional[int] = None
+    _count: Optional[Callable[[], Optional[int]]] = None
 
-    def _made_by(self, strategy: Any, fit_source: Any = None, num_global_batches: Optional[int] = None) -> "DistributedDataset":
-        self._owner, self._fit_source = strategy, fit_source
-        self.num_global_batches = num_global_batches
+    def _made_by(
+        self, strategy: Any, fit_source: Any = None, count: Optional[Callable[[], Optional[int]]] = None
+    ) -> "DistributedDataset":
+        """Records its maker; `count` says, when asked (at `fit`, eagerly:
+        the dataset may be made while a `tf.function` traces), how many
+        global batches a pass gives."""
+        self._owner, self._fit_source, self._count = strategy, fit_source, count
         return self
+
+    @property
+    def num_global_batches(self) -> Optional[int]:
+        """How many global batches a pass gives, where the source says (a
+        list's length, a tf.data dataset's known cardinality); else None."""
+        return None if self._count is None else self._count()
 
     def global_batches(self) -> Iterator:
         """A fresh pass over the global batches this dataset splits (what
@@ -679,7 +687,10 @@ def known_length(dataset: Any) -> Optional[int]:
     """
     cardinality = getattr(dataset, "cardinality", None)
     if callable(cardinality) and hasattr(dataset, "element_spec"):
-        count = int(cardinality())
+        try:
+            count = int(cardinality())
+        except (TypeError, ValueError):  # a graph tensor (inside tf.function): not known here
+            return None
         return count if count >= 0 else None
     try:
         return len(dataset)

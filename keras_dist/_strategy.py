@@ -375,7 +375,7 @@ class Strategy:
             lambda batch: adapter.split_global_batch(engine, check_same_rows(batch)),
             self._element_spec,
             options.experimental_per_replica_buffer_size,
-        )._made_by(self, num_global_batches=known_length(dataset))
+        )._made_by(self, count=lambda: known_length(dataset))
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any = None):
         """Calls `dataset_fn(InputContext)`; its batches are per-replica.
@@ -405,18 +405,18 @@ class Strategy:
         native = adapter.distribute_dataset_natively(
             engine, datasets, self._first_local_replica(), "per_replica_pipelines" if per_replica else "per_replica_batches", options
         )
-        in_python = DistributedDatasetsFromFunction(
+        make_in_python = lambda: DistributedDatasetsFromFunction(  # noqa: E731
             lambda: adapter.iterate_batches(datasets),
             num,
             lambda batches: adapter.combine_replica_batches(engine, batches),
             self._element_spec,
             options.experimental_per_replica_buffer_size,
             [(lambda d=d: adapter.iterate_batches(d)) for d in datasets] if per_replica else None,
-        )._made_by(self, num_global_batches=_steps_of_replica_batches(datasets, num, per_replica))
+        )._made_by(self, count=lambda: _steps_of_replica_batches(datasets, num, per_replica))
         if native is not None:
-            return _trains_as(native, self, in_python)
+            return _trains_as(native, self, make_in_python)
         _check_host_input_options("distribute_datasets_from_function", options)
-        return in_python
+        return make_in_python()
 
     def _first_local_replica(self) -> int:
         """The replica index of this worker's first device."""
@@ -567,11 +567,13 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
 def _trains_as(native: Any, strategy: "Strategy", source: Any) -> Any:
     """`native` (the engine's own distributed dataset) marked with what
     `fit`/`evaluate`/`predict` under `strategy` take in its place: its
-    undistributed source, or keras_dist's own distributed dataset of the
-    same batches (`keras_dist._hooks._distributed_input`). Handed to Keras
+    undistributed source, or a function making keras_dist's own
+    distributed dataset of the same batches, called only then (the
+    native one may be made while a `tf.function` traces)
+    (`keras_dist._hooks._distributed_input`). Handed to Keras
     as it is, the engine's would be read as global batches of one
     replica's rows (TensorFlow: 0.28 off one device on 4 replicas)."""
-    native._keras_dist_trains_as = (strategy, source)
+    native._keras_dist_trains_as = (strategy, source)  # source: or a function making it, when asked
     return native
 
 

@@ -77,6 +77,8 @@ def _owner_and_input(value: Any) -> tuple:
     """The strategy that made `value`, and what Keras trains on instead."""
     if hasattr(value, "_keras_dist_trains_as"):
         owner, source = value._keras_dist_trains_as
+        if callable(source) and not hasattr(source, "element_spec"):
+            source = source()  # keras_dist's own dataset of the same batches, made now
         return owner, (DistributedDatasetAdapter(source) if isinstance(source, DistributedDataset) else source)
     return value._owner, (value._fit_source if value._fit_source is not None else DistributedDatasetAdapter(value))
 

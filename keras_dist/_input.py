@@ -584,21 +584,24 @@ class DistributedDataset(metaclass=abc.ABCMeta):
             state = reduce_fn(state, element)
         return state
 
-    #: The strategy that made this dataset (None: the default strategy),
-    #: and, for a `tf.data` dataset each worker reads its own stream of,
-    #: that dataset: what `fit`/`evaluate`/`predict` train on instead
-    #: (`keras_dist._hooks._distributed_input`).
-    _owner: Any = None
-    _fit_source: Any = None
+    #: (the strategy that made this dataset, a function giving what
+    #: `fit`/`evaluate`/`predict` train on in its place), as
+    #: `keras_dist._strategy._trains_as` marks the engine's own distributed
+    #: datasets (`keras_dist._hooks._distributed_input` reads both). The
+    #: default strategy's: no maker.
+    _keras_dist_trains_as: tuple = (None, None)
     _count: Optional[Callable[[], Optional[int]]] = None
 
     def _made_by(
         self, strategy: Any, fit_source: Any = None, count: Optional[Callable[[], Optional[int]]] = None
     ) -> "DistributedDataset":
-        """Records its maker; `count` says, when asked (at `fit`, eagerly:
-        the dataset may be made while a `tf.function` traces), how many
-        global batches a pass gives."""
-        self._owner, self._fit_source, self._count = strategy, fit_source, count
+        """Records its maker, and what `fit` trains on: `fit_source` (a
+        `tf.data` dataset each worker reads its own stream of) or this
+        dataset's global batches. `count` says, when asked (at `fit`,
+        eagerly: the dataset may be made while a `tf.function` traces),
+        how many global batches a pass gives."""
+        self._keras_dist_trains_as = (strategy, (lambda: self) if fit_source is None else (lambda: fit_source))
+        self._count = count
         return self
 
     @property

@@ -367,7 +367,7 @@ class Strategy:
             )._made_by(self, fit_source=dataset)
         native = adapter.distribute_dataset_natively(engine, dataset, self._first_local_replica(), "global_batches", options)
         if native is not None:
-            return _trains_as(native, self, dataset)
+            return _trains_as(native, self, lambda: dataset)
         _check_host_input_options("experimental_distribute_dataset", options)
         batches = lambda: adapter.iterate_batches(dataset)  # noqa: E731
         return DistributedDataset(
@@ -564,16 +564,16 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
         )
 
 
-def _trains_as(native: Any, strategy: "Strategy", source: Any) -> Any:
-    """`native` (the engine's own distributed dataset) marked with what
-    `fit`/`evaluate`/`predict` under `strategy` take in its place: its
-    undistributed source, or a function making keras_dist's own
-    distributed dataset of the same batches, called only then (the
-    native one may be made while a `tf.function` traces)
-    (`keras_dist._hooks._distributed_input`). Handed to Keras
-    as it is, the engine's would be read as global batches of one
-    replica's rows (TensorFlow: 0.28 off one device on 4 replicas)."""
-    native._keras_dist_trains_as = (strategy, source)  # source: or a function making it, when asked
+def _trains_as(native: Any, strategy: "Strategy", make_source: Callable[[], Any]) -> Any:
+    """`native` (the engine's own distributed dataset) marked, as
+    `DistributedDataset._made_by` marks keras_dist's, with a function
+    giving what `fit`/`evaluate`/`predict` under `strategy` take in its
+    place: its undistributed source, or keras_dist's own distributed
+    dataset of the same batches, made only then (the native one may be
+    made while a `tf.function` traces) (`keras_dist._hooks._distributed_input`).
+    Handed to Keras as it is, the engine's would be read as global batches
+    of one replica's rows (TensorFlow: 0.28 off one device on 4 replicas)."""
+    native._keras_dist_trains_as = (strategy, make_source)
     return native
 
 

@@ -280,11 +280,8 @@ def test_per_worker_stream_is_tfs_rebatch_and_auto_shard(policy, tmp_path):
 
 # --- fit/evaluate/predict of a keras_dist distributed dataset (tf.keras took one) ---
 
-_STRATEGIES = {
-    "mirrored-4": lambda: keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)]),
-    "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
-    "central-storage-4": lambda: keras_dist.CentralStorageStrategy([f"cpu:{i}" for i in range(4)]),
-}
+from test_custom_loops import _LOOP_STRATEGIES as _STRATEGIES  # noqa: E402 (the same three strategies)
+
 _ROWS, _GLOBAL = 30, 8  # global batches 8, 8, 8, 6: uneven over 4 replicas, partial last
 
 

@@ -37,8 +37,7 @@ class DistributedDatasetAdapter(_keras_data_adapter.DataAdapter):
     def get_numpy_iterator(self):
         return self._dataset.global_batches()
 
-    def get_jax_iterator(self):
-        return self._dataset.global_batches()
+    get_jax_iterator = get_numpy_iterator
 
     def get_tf_dataset(self):
         from keras_dist import _tf_data
@@ -70,17 +69,7 @@ class DistributedDatasetAdapter(_keras_data_adapter.DataAdapter):
 def _is_keras_dist_own(value: Any) -> bool:
     """A distributed dataset a keras_dist strategy made: its own class, or
     the engine's own (TensorFlow's, for tf.data input) marked by the strategy."""
-    return DistributedDataset in type(value).__mro__ or hasattr(value, "_keras_dist_trains_as")
-
-
-def _owner_and_input(value: Any) -> tuple:
-    """The strategy that made `value`, and what Keras trains on instead."""
-    if hasattr(value, "_keras_dist_trains_as"):
-        owner, source = value._keras_dist_trains_as
-        if callable(source) and not hasattr(source, "element_spec"):
-            source = source()  # keras_dist's own dataset of the same batches, made now
-        return owner, (DistributedDatasetAdapter(source) if isinstance(source, DistributedDataset) else source)
-    return value._owner, (value._fit_source if value._fit_source is not None else DistributedDatasetAdapter(value))
+    return hasattr(value, "_keras_dist_trains_as")
 
 
 def replace_distributed_datasets(name: str, signature, strategy, model, args, kwargs) -> tuple:
@@ -100,7 +89,7 @@ def replace_distributed_datasets(name: str, signature, strategy, model, args, kw
         if not _is_keras_dist_own(value):
             continue
         what = f"{name}'s {argument}"
-        owner, replacement = _owner_and_input(value)
+        owner, make_source = value._keras_dist_trains_as
         if owner is not strategy:
             made_by = "the default strategy (no scope)" if owner is None else repr(owner)
             raise ValueError(
@@ -117,5 +106,6 @@ def replace_distributed_datasets(name: str, signature, strategy, model, args, kw
                         "dataset's elements carry the targets (and weights); put "
                         f"`{extra}` into the dataset and leave the argument out."
                     )
-        bound.arguments[argument] = replacement
+        source = make_source()
+        bound.arguments[argument] = DistributedDatasetAdapter(source) if isinstance(source, DistributedDataset) else source
     return bound.args[1:], bound.kwargs

@@ -77,6 +77,12 @@ class ReplicaContext:
         `ReplicaOps.loop_carry`; used by the RNN hook)."""
         return self._ops.loop_carry(value)
 
+    def _sync_on_read(self) -> ContextManager[None]:
+        """Reads of sync-on-read variables (metrics') inside give the value
+        over all replicas (see `ReplicaOps.sync_on_read`; used by the
+        `Metric.result` hook)."""
+        return self._ops.sync_on_read()
+
     def global_rows(self, local_rows):
         """The number of real rows in the global batch, given this
         replica's `local_rows` (a keras_dist addition)."""

@@ -8,7 +8,8 @@ Each backend implements them for its replica computation
 from __future__ import annotations
 
 import abc
-from typing import Any
+import contextlib
+from typing import Any, ContextManager
 
 
 class ReplicaOps(abc.ABC):
@@ -53,6 +54,14 @@ class ReplicaOps(abc.ABC):
         `shard_map`), a value equal on every replica is marked varying, as
         the loop's output carry is; elsewhere nothing needs doing."""
         return value
+
+    def sync_on_read(self) -> ContextManager[None]:
+        """A context in which reading a sync-on-read variable (every Keras
+        metric's) gives its value over all replicas, by its aggregation,
+        not this replica's own: tf's `variable_sync_on_read_context`, which
+        tf-keras entered for `Metric.result()`. A group of one replica needs
+        nothing."""
+        return contextlib.nullcontext()
 
 
 class LocalReplicaOps(ReplicaOps):

@@ -425,6 +425,22 @@ def _probe_metrics_in_run(mirrored, tmp_path):
     return [round(float(metric.result()), 6) for metric in metrics]
 
 
+def _probe_metric_result_in_run(mirrored, tmp_path):
+    """A Mean updated and read inside run on 4 replicas: every replica's
+    result must be the mean of all 8 rows."""
+    strategy = mirrored(4)
+    with strategy.scope():
+        metric = keras.metrics.Mean()
+
+    def step(x):
+        metric.update_state(x)
+        return metric.result()
+
+    for batch in strategy.experimental_distribute_dataset([np.arange(8, dtype="float32")]):
+        out = strategy.run(step, args=(batch,))
+    return [float(v) for v in strategy.experimental_local_results(out)]
+
+
 def _rnn_probe(layer):
     def probe(mirrored, tmp_path):
         """A recurrent layer called inside run on 2 replicas: JAX's shard_map
@@ -500,6 +516,7 @@ PROBES = {
     "keras.src.backend.common.variables:Variable.assign": _probe_assign_on_ps,
     "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values": _probe_metrics_in_run,
     "keras.src.metrics.metrics_utils:update_confusion_matrix_variables": _probe_metrics_in_run,
+    "keras.src.metrics.metric:Metric.__init__": _probe_metric_result_in_run,
     f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
     **{f"keras.src.layers.layer:Layer.{n}": _probe_sharded_trainable for n in ("trainable_weights", "trainable_variables")},
 }

@@ -231,3 +231,86 @@ def test_metrics_updated_inside_run_give_the_global_value():
             metric.update_state(t, p)
     want = [float(metric.result()) for metric in reference]
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+class _SumPlusMean(keras.metrics.Metric):
+    """A user's metric whose result reads two other metrics' results."""
+
+    def __init__(self, name="sum_plus_mean"):
+        super().__init__(name=name)
+        self.total = keras.metrics.Sum()
+        self.mean = keras.metrics.Mean()
+
+    def update_state(self, values):
+        self.total.update_state(values)
+        self.mean.update_state(values)
+
+    def result(self):
+        return self.total.result() + self.mean.result()
+
+    def reset_state(self):
+        self.total.reset_state()
+        self.mean.reset_state()
+
+
+#: The strategies of one process `run` works under (the default one too).
+_RESULT_STRATEGIES = {
+    "default": keras_dist.get_strategy,
+    "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+    "mirrored-4": lambda: keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(REPLICAS)]),
+    "central-storage-4": lambda: keras_dist.CentralStorageStrategy([f"cpu:{i}" for i in range(REPLICAS)]),
+}
+
+
+@pytest.mark.parametrize("strategy_name", sorted(_RESULT_STRATEGIES))
+def test_metric_result_inside_run_is_the_value_over_all_replicas(strategy_name):
+    """`metric.result()` inside `run` is the metric over every replica's
+    updates so far, on each replica, as tf-keras gave it (Keras 3 alone
+    gives each replica its own share). After tf-keras's `testAddMetric`
+    (keras_metrics_test.py; `Layer.add_metric` is gone in Keras 3): a
+    variable assigned the Sum's result inside run holds the global sum.
+    10 rows over 4 replicas, then 6 (uneven shards), so padding counts too."""
+    rng = np.random.default_rng(1)
+    values = rng.normal(size=(16,)).astype("float32")
+    y_true = (rng.random((16, 1)) > 0.5).astype("float32")
+    y_pred = rng.random((16, 1)).astype("float32")
+    batches = [(values[i : i + 10], y_true[i : i + 10], y_pred[i : i + 10]) for i in (0, 10)]
+
+    def make():
+        return [keras.metrics.Sum(), keras.metrics.Mean(), keras.metrics.AUC(num_thresholds=20), _SumPlusMean()]
+
+    strategy = _RESULT_STRATEGIES[strategy_name]()
+    with strategy.scope():
+        metrics = make()
+        last_sum = keras.Variable(0.0, aggregation="only_first_replica")
+
+    def step(inputs):
+        v, t, p = inputs
+        metrics[0].update_state(v)
+        metrics[1].update_state(v)
+        metrics[2].update_state(t, p)
+        metrics[3].update_state(v)
+        results = [metric.result() for metric in metrics]
+        last_sum.assign(results[0])
+        return results
+
+    run = lambda batch: strategy.run(step, args=(batch,))  # noqa: E731
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        run = tf.function(run)
+    reference = make()
+    for batch, (v, t, p) in zip(strategy.experimental_distribute_dataset(batches), batches):
+        got = [strategy.experimental_local_results(r) for r in run(batch)]
+        reference[0].update_state(v)
+        reference[1].update_state(v)
+        reference[2].update_state(t, p)
+        reference[3].update_state(v)
+        want = [float(metric.result()) for metric in reference]
+        for name, replicas, expected in zip(["Sum", "Mean", "AUC", "user's"], got, want):
+            assert len(replicas) == strategy.num_replicas_in_sync
+            for replica, value in enumerate(replicas):
+                assert float(value) == pytest.approx(expected, abs=1e-5), (name, replica, float(value), expected)
+        assert float(last_sum.numpy()) == pytest.approx(want[0], abs=1e-5)
+    # Outside run, result() is the class's own, as without keras_dist.
+    assert [float(metric.result()) for metric in metrics] == pytest.approx(want, abs=1e-5)

@@ -123,6 +123,11 @@ HOOKS: tuple = (
         purpose="run(): Mean/Sum-based metrics skip the rows padding an uneven shard",
     ),
     Hook(
+        "keras.src.metrics.metric:Metric.__init__",
+        _metrics.wrap_metric_init,
+        purpose="run(): metric.result() is the value over all replicas, as in tf-keras",
+    ),
+    Hook(
         "keras.src.metrics.metrics_utils:update_confusion_matrix_variables",
         _metrics.wrap_update_confusion_matrix_variables,
         _JAX,
@@ -151,7 +156,7 @@ HOOKS: tuple = (
         "keras.src.backend.jax.distribution_lib:distribute_tensor",
         _variables.wrap_distribute_tensor,
         _JAX,
-        purpose="multi-process: values placed on the mesh are the chief's",
+        purpose="multi-process: values placed on the mesh are the chief's; each placed exactly as its layout says",
     ),
     *(
         Hook(

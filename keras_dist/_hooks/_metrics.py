@@ -1,4 +1,5 @@
-"""Keras metrics updated inside `strategy.run` count only real rows.
+"""Keras metrics inside `strategy.run`: updates count only real rows, and
+`result()` is the value over all replicas.
 
 On JAX an uneven split of a global batch pads each replica's shard to the
 same length (SPMD needs equal shapes; see `ReplicaContext.row_mask`). The
@@ -8,11 +9,21 @@ matrix update (AUC, precision, recall, ...), get the padding rows'
 sample weight set to 0 there, so a metric updated inside `run` and read
 after gives its value over the real global batch. Elsewhere (TensorFlow,
 even shards, outside `run`) nothing changes.
+
+`metric.result()` called inside `run` gives the metric's value over every
+replica's updates so far, the same on each replica, as tf-keras gave it
+(it wrapped every metric's `result` to read its sync-on-read variables
+aggregated); Keras 3 gives each replica its own share. Every metric made
+gets its `result` wrapped so (an instance attribute, as tf-keras did):
+inside `run` it reads the metric's variables over all replicas (the
+replica context's `_sync_on_read`); anywhere else it is the class's own
+`result`, untouched.
 """
 
 from __future__ import annotations
 
 import inspect
+import types
 
 import keras
 
@@ -58,3 +69,22 @@ def wrap_update_confusion_matrix_variables(original):
         return original(*bound.args, **bound.kwargs)
 
     return update_confusion_matrix_variables
+
+
+def _result(metric):
+    """`type(metric).result(metric)`, over all replicas inside `run`."""
+    result = type(metric).result
+    context = _context.replica_context()
+    if context is None:
+        return result(metric)
+    with context._sync_on_read():
+        return result(metric)
+
+
+def wrap_metric_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        # object.__setattr__: past Keras' attribute tracking (not a state)
+        object.__setattr__(self, "result", types.MethodType(_result, self))
+
+    return __init__

@@ -15,9 +15,11 @@ from keras_dist.backends import get_adapter
 def wrap_distribute_tensor(original):
     def distribute_tensor(tensor, layout):
         adapter = get_adapter()
-        if _context.current_strategy() is not None and adapter.is_multi_process():
+        if _context.current_strategy() is None:
+            return original(tensor, layout)
+        if adapter.is_multi_process():
             (tensor,) = adapter.values_from_chief([tensor])
-        return original(tensor, layout)
+        return adapter.place_variable_value(original(tensor, layout), layout)
 
     return distribute_tensor
 

@@ -86,6 +86,15 @@ class BackendAdapter(abc.ABC):
         every worker: a collective, so every worker calls it at the same
         point. Unchanged outside a multi-process job."""
 
+    def place_variable_value(self, value: Any, layout: Any) -> Any:
+        """A variable's new value (created or assigned under a strategy, as
+        Keras placed it for the variable's `layout`) placed exactly as the
+        layout says. Optional: the default returns `value`. (JAX: Keras
+        keeps an array whose placement is only equivalent, such as one on
+        device 0 for a one-device mesh there, and a jitted step given it
+        compiles again once it gets the layout's own placement back.)"""
+        return value
+
     @abc.abstractmethod
     def values_from_every_worker(self, values: list) -> list:
         """Every worker's values of these host values (numbers, NumPy

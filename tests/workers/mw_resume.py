@@ -5,12 +5,8 @@ the middle of epoch 2; the launcher relaunches the job, which resumes from
 the chief's last backup. Then each worker trains the same model on one
 device without interruption and writes the comparison to OUT/worker<i>.json.
 
-Run without the launcher (no KERAS_DIST_RESTART), worker 1 dies the same
-way and nobody restarts it: the survivor must exit with an error within the
-collective timeout instead of hanging.
-
 argv: OUT_DIR DEVICES_PER_WORKER [TIMEOUT_SECONDS, default 60] [DYING_WORKER, default 1]
-      [SIGNAL, default KILL; STOP freezes the worker instead: alive, silent]
+      [SIGNAL, default KILL; TERM asks it to stop]
 """
 
 import json

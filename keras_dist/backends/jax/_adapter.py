@@ -28,6 +28,7 @@ class JaxAdapter(BackendAdapter):
     create_engine = staticmethod(_engine.create_engine)
     scope = staticmethod(_engine.scope)
     owns_variable = staticmethod(_engine.owns_variable)
+    place_variable_value = staticmethod(_engine.place_variable_value)
     # multi-process jobs
     initialize_multi_worker = staticmethod(_cluster.initialize_multi_worker)
     initialize_tpu_system = staticmethod(_cluster.initialize_tpu_system)

@@ -178,7 +178,7 @@ def create_engine(extended) -> JaxEngine:
     parameter_sharding = None
     if extended.central_parameter_device is not None:
         parameter = by_name[extended.central_parameter_device]
-        parameter_sharding = NamedSharding(Mesh(np.array([parameter]), ("parameters",)), PartitionSpec())
+        parameter_sharding = NamedSharding(Mesh(np.array([parameter]), (PARAMETER_AXIS,)), PartitionSpec())
         distribution = _CentralStorageDistribution(parameter_sharding, device_mesh=device_mesh, auto_shard_dataset=False)
     return JaxEngine(
         devices=devices,
@@ -239,6 +239,37 @@ def _create_parameter_server_engine(extended) -> "ParameterServerEngine":
 def scope(engine: JaxEngine):
     """Variables created inside are replicated on the engine's mesh."""
     return engine.distribution.scope()
+
+
+#: The axis of CentralStorageStrategy's one-device parameter mesh.
+PARAMETER_AXIS = "parameters"
+
+
+def place_variable_value(value, layout):
+    """`value` with exactly `layout`'s sharding. Keras keeps an array whose
+    sharding is only equivalent (a one-device mesh on the default device:
+    the array's own `SingleDeviceSharding`); a step returning the state then
+    gives the mesh's `NamedSharding`, and `jax.jit` compiles a second time
+    for it. `device_put` to an equivalent sharding moves no data.
+    CentralStorageStrategy's values on the parameter device are left as
+    Keras placed them: uncommitted, so that a user's `jax.jit` step over
+    the state takes them to the compute devices (committed, it refuses
+    them beside the batch: "incompatible devices")."""
+    sharding = getattr(layout, "backend_layout", layout)
+    if (
+        isinstance(sharding, NamedSharding)
+        and sharding.mesh.axis_names == (PARAMETER_AXIS,)
+    ):
+        return value
+    if (
+        isinstance(value, jax.Array)
+        and not isinstance(value, jax.core.Tracer)
+        and isinstance(sharding, jax.sharding.Sharding)
+        and value.sharding != sharding
+        and value.sharding.is_equivalent_to(sharding, value.ndim)
+    ):
+        return jax.device_put(value, sharding)
+    return value
 
 
 def owns_variable(engine: JaxEngine, variable) -> bool:

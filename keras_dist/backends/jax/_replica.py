@@ -190,6 +190,10 @@ class _ReplicaOps(ReplicaOps):
     def loop_carry(self, value):
         return jax.tree_util.tree_map(lambda x: _run_variables.make_varying(jnp.asarray(x)), value)
 
+    def sync_on_read(self):
+        access = _run_variables.active_access()
+        return access.sync_on_read() if access is not None else contextlib.nullcontext()
+
     def row_mask(self, value):
         if self.counts is None or value.shape[0] != self.rows:
             return None

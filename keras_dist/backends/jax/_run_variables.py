@@ -96,6 +96,7 @@ class VariableAccess(keras.StatelessScope):
         self.reads: list = []
         self.writes: list = []
         self._cross_replica = 0
+        self._sync_on_read = 0
 
     @contextlib.contextmanager
     def cross_replica(self):
@@ -107,9 +108,39 @@ class VariableAccess(keras.StatelessScope):
         finally:
             self._cross_replica -= 1
 
+    @contextlib.contextmanager
+    def sync_on_read(self):
+        """Reads of on-read variables inside give the value over all
+        replicas, by the variable's aggregation (tf's
+        `variable_sync_on_read_context`); writes are unchanged."""
+        self._sync_on_read += 1
+        try:
+            yield
+        finally:
+            self._sync_on_read -= 1
+
+    def _over_replicas(self, variable, value):
+        """An on-read variable's `value` (this replica's) over all replicas."""
+        aggregation = variable.aggregation
+        value = make_varying(jnp.asarray(value))
+        if aggregation == "sum":
+            return jax.lax.psum(value, BATCH_AXIS)
+        if aggregation == "mean":
+            return (jax.lax.psum(value, BATCH_AXIS) / self.num_replicas).astype(value.dtype)
+        if aggregation == "only_first_replica":
+            first = jax.lax.axis_index(BATCH_AXIS) == 0
+            return jax.lax.psum(jnp.where(first, value, jnp.zeros_like(value)), BATCH_AXIS)
+        return value  # "none": each replica's own, as in tf
+
     # -- Keras' StatelessScope protocol ---------------------------------
 
     def get_current_value(self, variable):
+        value = self._replica_value(variable)
+        if self._sync_on_read and is_on_read(variable):
+            return self._over_replicas(variable, value)
+        return value
+
+    def _replica_value(self, variable):
         key = id(variable)
         if key in self.current:
             return self.current[key]

@@ -8,6 +8,9 @@ by at most one) with `experimental_distribute_values_from_function`.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import tensorflow as tf
 from tensorflow.python.distribute import values as tf_values
 
@@ -62,6 +65,10 @@ def combine_replica_batches(engine, batches):
     return engine.experimental_distribute_values_from_function(value_fn)
 
 
+#: How deep this thread (a replica's) is in `_ReplicaOps.sync_on_read`.
+_sync_on_read_depth = threading.local()
+
+
 class _ReplicaOps(ReplicaOps):
     def __init__(self, context):
         self.context = context
@@ -93,6 +100,18 @@ class _ReplicaOps(ReplicaOps):
                 return merge_fn(strategy, *merge_args, **merge_kwargs)
 
         return self.context.merge_call(tf_merge_fn, args=args, kwargs=kwargs)
+
+    @contextlib.contextmanager
+    def sync_on_read(self):
+        # tf's context is not re-entrant (its exit ends an outer one, say a
+        # metric's result() that reads another's): entered once per thread.
+        depth = getattr(_sync_on_read_depth, "value", 0)
+        _sync_on_read_depth.value = depth + 1
+        try:
+            with tf.__internal__.distribute.variable_sync_on_read_context() if depth == 0 else contextlib.nullcontext():
+                yield
+        finally:
+            _sync_on_read_depth.value = depth
 
     def devices(self, strategy):
         # tf's MirroredStrategy nests this replica's device list in the tuple

@@ -849,7 +849,9 @@ class MultiWorkerMirroredStrategy(Strategy):
         check_cluster_to_join(resolver)  # before joining: no hang, no engine dump
         self._cluster_resolver = resolver
         adapter = get_adapter()
+        heartbeat.mark_join("joining")
         adapter.initialize_multi_worker(resolver, options)
+        heartbeat.mark_join("joined")
         heartbeat.beat()  # joined the job
         super().__init__(
             _MultiWorkerExtended(

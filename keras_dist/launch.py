@@ -33,6 +33,11 @@ Every worker gets, besides `TF_CONFIG`:
 - `KERAS_DIST_NUM_WORKERS`, `KERAS_DIST_WORKER_INDEX`,
 - `KERAS_DIST_RESTART`: the attempt number, 0 for the first run,
 - `KERAS_DIST_HEARTBEAT_FILE`: the file keras_dist touches on progress,
+- `KERAS_DIST_JOIN_FILE` (the workers of a multi-worker job, the servers of
+  a parameter-server job): where keras_dist writes "joining", then
+  "joined", as the worker joins the cluster (a server: once it is up); the
+  launcher says when all have, and every `JOIN_NOTICE_SECONDS` while some
+  are joining, whom it waits for,
 - `KERAS_BACKEND` when a backend is given (else it is inherited),
 - `PYTHONUNBUFFERED=1` unless already set, so output arrives line by line.
 
@@ -72,6 +77,9 @@ _SETTLE_SECONDS = 1.0
 #: ... and when one recorded an exception (keras_dist's own ending: the
 #: others stop within a few seconds, JAX's chief up to 6.5 s after them).
 _SETTLE_RECORDED_SECONDS = 10.0
+#: While some workers of a multi-worker job are joining the cluster, the
+#: launcher says whom it is waiting for every this many seconds.
+JOIN_NOTICE_SECONDS = 15.0
 _TIMEOUT_EXIT_CODE = 124
 
 
@@ -277,6 +285,52 @@ class _Progress:
         return "; ".join(parts)
 
 
+class _Joins:
+    """Which tasks have joined the cluster (each writes its
+    `KERAS_DIST_JOIN_FILE`), as progress lines: one when all have joined,
+    and while some are joining, whom the job waits for (every
+    `JOIN_NOTICE_SECONDS`). The tasks are the workers of a multi-worker job
+    (joined: their strategy has joined the job), or the ps and worker
+    server processes of a TensorFlow parameter-server job (joined: the
+    server is up). A script that never joins (no strategy) gives no line."""
+
+    def __init__(self, labels: dict[int, str], directory: str, servers: bool) -> None:
+        self.labels = labels  # task index -> its label
+        self.files = {i: os.path.join(directory, f"task{i}.join") for i in labels}
+        self.servers = servers
+        self.start = time.monotonic()
+        self.next_notice = self.start + JOIN_NOTICE_SECONDS
+        self.done = not labels
+
+    def _state(self, index: int) -> str:
+        try:
+            with open(self.files[index]) as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    def poll(self) -> str | None:
+        """The progress line due now, if any."""
+        if self.done:
+            return None
+        states = {i: self._state(i) for i in self.labels}
+        now = time.monotonic()
+        if all(state == "joined" for state in states.values()):
+            self.done = True
+            what = "every ps and worker server is up" if self.servers else "every worker joined the cluster"
+            return f"{what} after {now - self.start:.1f} s"
+        if not any(states.values()) or now < self.next_notice:
+            return None
+        self.next_notice = now + JOIN_NOTICE_SECONDS
+        joined = sum(state == "joined" for state in states.values())
+        waiting = ", ".join(
+            f"{self.labels[i]} ({state or 'not started joining'})" for i, state in states.items() if state != "joined"
+        )
+        what = "starting the servers" if self.servers else "joining the cluster"
+        kind = "servers up" if self.servers else "workers joined"
+        return f"{what}: {joined} of {len(states)} {kind} after {now - self.start:.0f} s; waiting for {waiting}"
+
+
 class _Signals:
     """Records SIGINT/SIGTERM/SIGHUP while a job runs (main thread only)."""
 
@@ -459,6 +513,11 @@ def _run_attempt(
     recent = [deque(maxlen=RECENT_LINES) for _ in tasks]
     exit_seen: list[float | None] = [None] * len(tasks)  # when each was first seen exited
     logs = []
+    joins = _Joins(
+        {i: task[3] for i, task in enumerate(tasks) if not num_ps or task[0] is not command},
+        heartbeats,
+        servers=bool(num_ps),
+    )
     output.message(_start_line(tasks, cluster, coordinator, backend, base_env, attempt, log_dir))
     outcome = None
     try:
@@ -479,6 +538,8 @@ def _run_attempt(
                 KERAS_DIST_HEARTBEAT_FILE=progress.files[index],
                 KERAS_DIST_ERROR_FILE=error_files[index],
             )
+            if index in joins.files:
+                env["KERAS_DIST_JOIN_FILE"] = joins.files[index]
             if num_ps:
                 env["KERAS_DIST_NUM_PS"] = str(num_ps)
             if backend is not None:
@@ -527,6 +588,9 @@ def _run_attempt(
                     return outcome
             if not running:
                 return _Outcome("ok")
+            line = joins.poll()
+            if line is not None:
+                output.message(line)
             if stall_timeout is not None and all(
                 progress.silent_for(i) > stall_timeout for i in range(len(processes))
             ):

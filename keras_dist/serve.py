@@ -18,7 +18,11 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    from keras_dist import _heartbeat
+
+    _heartbeat.mark_join("joining")
     server = Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc")
+    _heartbeat.mark_join("joined")  # the launcher says when every server is up
     server.join()
     return 0
 

@@ -371,19 +371,34 @@ def test_averaging_loss_in_replica_context_is_an_error(mirrored, reduction):
         strategy.run(lambda rows: loss(rows, rows * 0.5), args=(batch,))
 
 
+def _squared_errors(rows):
+    """Each row's mean squared error of `rows` against `rows * 0.5`."""
+    return np.mean((rows - rows * 0.5) ** 2, axis=-1)
+
+
 @pytest.mark.parametrize("reduction", ["sum", "none"])
 def test_summing_losses_are_allowed(mirrored, reduction):
+    """A loss that sums (or reduces nothing) is taken in replica context and
+    gives each replica's own value over its rows (5 of the 10 each)."""
     strategy = mirrored(2)
     loss = keras.losses.MeanSquaredError(reduction=reduction)
     (batch,) = list(strategy.experimental_distribute_dataset([_ten_rows()]))
-    strategy.run(lambda rows: loss(rows, rows * 0.5), args=(batch,))
+    values = _replica_values(strategy, strategy.run(lambda rows: loss(rows, rows * 0.5), args=(batch,)))
+    shards = [_squared_errors(_ten_rows()[:5]), _squared_errors(_ten_rows()[5:])]
+    expected = [shard.sum() for shard in shards] if reduction == "sum" else shards
+    assert len(values) == 2
+    for value, want in zip(values, expected):
+        np.testing.assert_allclose(value, want, rtol=1e-6)
 
 
 def test_averaging_loss_allowed_with_one_replica(mirrored):
+    """With one replica the replica's batch is the global batch: averaging
+    is taken, and gives the global mean."""
     strategy = mirrored(1)
     loss = keras.losses.MeanSquaredError()
     (batch,) = list(strategy.experimental_distribute_dataset([_ten_rows()]))
-    strategy.run(lambda rows: loss(rows, rows * 0.5), args=(batch,))
+    (value,) = _replica_values(strategy, strategy.run(lambda rows: loss(rows, rows * 0.5), args=(batch,)))
+    np.testing.assert_allclose(value, _squared_errors(_ten_rows()).mean(), rtol=1e-6)
 
 
 def test_default_strategy_is_a_pass_through():

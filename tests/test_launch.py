@@ -67,6 +67,14 @@ elif mode == "fail-first":  # worker 0 fails on the first attempt only
     print(f"attempt {attempt} ok")
 elif mode == "sleep":
     time.sleep(60)
+elif mode == "join":  # worker 0 joins at once; worker 1 is slow to start joining, then slow to join
+    from keras_dist import _heartbeat
+    if index == 1:
+        time.sleep(1.5)
+    _heartbeat.mark_join("joining")
+    time.sleep(1.5 if index == 1 else 0)
+    _heartbeat.mark_join("joined")
+    time.sleep(0.5)
 elif mode == "talk":  # prints a line every 0.3 s for 4.5 s, then succeeds
     for _ in range(15):
         print("still here", flush=True)
@@ -270,7 +278,40 @@ def test_the_guide_shows_the_launcher_s_real_failure_output(tmp_path, worker):
     real.discard(next(k for k in real if k.startswith("keras-dist launch: when the launcher stopped")))
     shown = _launcher_line_kinds(sample)
     shown.discard(next(k for k in shown if k.startswith("keras-dist launch: when the launcher stopped")))
+    # This worker makes no strategy, so it joins no cluster: the sample's
+    # join line is checked against a real job's in test_multi_worker.py
+    # (test_example_through_the_launcher).
+    shown.discard(JOINED_KIND)
     assert shown == real, (shown ^ real)
+
+
+JOINED_KIND = "keras-dist launch: every worker joined the cluster after N s"
+
+
+def test_the_launcher_names_the_workers_still_joining(tmp_path, worker, monkeypatch, capfd):
+    """While some workers are joining the cluster, the launcher says whom
+    it waits for (every JOIN_NOTICE_SECONDS), then that every worker joined;
+    a script that never joins gets neither line."""
+    from keras_dist import launch as launcher
+
+    monkeypatch.setattr(launcher, "JOIN_NOTICE_SECONDS", 0.5)
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    code = launcher.launch(worker, [tmp_path, "join"], num_workers=2)
+    err = capfd.readouterr().err
+    assert code == 0, err
+    waiting = [line for line in err.splitlines() if "joining the cluster:" in line]
+    assert waiting and all(
+        re.fullmatch(r"keras-dist launch: joining the cluster: 1 of 2 workers joined after \d+ s; "
+                     r"waiting for worker 1 \((joining|not started joining)\)", line) for line in waiting
+    ), err
+    assert "waiting for worker 1 (joining)" in err, err
+    (joined,) = [line for line in err.splitlines() if "every worker joined" in line]
+    assert _launcher_line_kinds(joined) == {JOINED_KIND}
+    assert err.index(waiting[-1]) < err.index(joined)
+
+    code = launcher.launch(worker, [tmp_path, "talk"], num_workers=2)
+    err = capfd.readouterr().err
+    assert code == 0 and "join" not in err, err
 
 
 def test_start_line_and_end_summary(tmp_path, worker):

@@ -211,6 +211,11 @@ def test_example_through_the_launcher(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "[worker 0] MATCH" in done.stdout, done.stdout[-2000:]
     assert "[worker 1] MATCH" not in done.stdout  # only the chief reports
+    # The launcher says when both workers have joined, as the guide shows it.
+    joined = r"keras-dist launch: every worker joined the cluster after \d+\.\d s"
+    assert len(re.findall(f"^{joined}$", done.stderr, re.M)) == 1, done.stderr[-2000:]
+    guide = open(os.path.join(ROOT, "guides", "multi_worker.md")).read()
+    assert re.search(f"^{joined}$", guide, re.M)
     output = done.stdout + done.stderr
     assert "[Gloo]" not in output and " peer ranks" not in output, output[-2000:]  # gloo's own lines
     # C++ log lines beyond those the engine prints on import on this machine

@@ -353,3 +353,10 @@ def test_example_through_the_launcher():
     assert result.returncode == 0 and "[chief] MATCH" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     noise = [line for line in (result.stdout + result.stderr).splitlines() if ENGINE_NOISE.search(line)]
     assert not noise, noise  # no engine notice reaches the user
+    # What it is doing while the cluster starts (a slow phase: Ray's actors,
+    # or the server processes, each importing its engine).
+    if BACKEND == "jax":
+        assert "[chief] keras_dist: starting the parameter-server cluster on Ray: 2 worker and 2 ps actors" in result.stderr
+        assert re.search(r"^\[chief\] keras_dist: the parameter-server cluster is up after \d+\.\d s$", result.stderr, re.M)
+    else:
+        assert re.search(r"^keras-dist launch: every ps and worker server is up after \d+\.\d s$", result.stderr, re.M)

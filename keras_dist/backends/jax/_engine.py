@@ -254,7 +254,13 @@ def place_variable_value(value, layout):
     CentralStorageStrategy's values on the parameter device are left as
     Keras placed them: uncommitted, so that a user's `jax.jit` step over
     the state takes them to the compute devices (committed, it refuses
-    them beside the batch: "incompatible devices")."""
+    them beside the batch: "incompatible devices"). In a multi-process job
+    nothing is moved: there the values are global arrays placed by Keras on
+    the mesh, and an equivalent sharding in another device order would make
+    `device_put` a collective program; neither is a buffer Keras already
+    gave away (donated to a step: deleted) touched."""
+    if _cluster.is_multi_process():
+        return value
     sharding = getattr(layout, "backend_layout", layout)
     if (
         isinstance(sharding, NamedSharding)
@@ -264,6 +270,7 @@ def place_variable_value(value, layout):
     if (
         isinstance(value, jax.Array)
         and not isinstance(value, jax.core.Tracer)
+        and not value.is_deleted()
         and isinstance(sharding, jax.sharding.Sharding)
         and value.sharding != sharding
         and value.sharding.is_equivalent_to(sharding, value.ndim)

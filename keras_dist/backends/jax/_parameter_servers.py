@@ -36,12 +36,14 @@ import logging
 import os
 import sys
 import threading
+import time
 import warnings
 import weakref
 from typing import Any, Optional
 
 import numpy as np
 
+from keras_dist import _heartbeat
 from keras_dist.coordinator import PerWorkerValues
 
 #: Seconds a worker or the coordinator waits for a parameter server
@@ -276,6 +278,11 @@ class Cluster:
         ray = _ray()
         actors = _actors()
         self.ps_timeout = float(os.environ.get("KERAS_DIST_PS_TIMEOUT", PS_TIMEOUT_S))
+        started = time.monotonic()
+        _heartbeat.say(
+            f"starting the parameter-server cluster on Ray: {self.num_workers} worker and {self.num_ps} ps "
+            "actors (each a process that imports JAX and Keras)"
+        )
         if not ray.is_initialized():
             with _quiet_ray_start():
                 ray.init(
@@ -303,6 +310,7 @@ class Cluster:
         for thread in self.threads:
             thread.start()
         self.started = True
+        _heartbeat.say(f"the parameter-server cluster is up after {time.monotonic() - started:.1f} s")
         _register_exit_hook()
         _LIVE_CLUSTERS.add(self)
         strategy = self.strategy_ref()

@@ -382,10 +382,13 @@ def _signal_group(pid: int, signum: int) -> None:
 
 
 def _stop(processes: list[subprocess.Popen], grace: float) -> None:
-    """SIGTERM every worker's process group, SIGKILL after `grace`, reap all."""
+    """SIGTERM every worker's process group, SIGKILL after `grace`, reap all.
+    A stopped (SIGSTOP) group is continued after the SIGTERM, as a shell's
+    `kill` does, so that it ends now rather than at the SIGKILL."""
     for p in processes:
         if p.poll() is None:
             _signal_group(p.pid, signal.SIGTERM)
+            _signal_group(p.pid, signal.SIGCONT)
     end = time.monotonic() + grace
     for p in processes:
         try:
@@ -610,7 +613,10 @@ def _run_attempt(
             # others itself (on JAX the chief goes last): wait for that.
             recorded = any(os.path.exists(path) for path in error_files)
             settle = time.monotonic() + (_SETTLE_RECORDED_SECONDS if recorded else _SETTLE_SECONDS)
-            while time.monotonic() < settle and any(p.poll() is None for p in processes):
+            # (A stopped process cannot end on its own: no waiting for it.)
+            while time.monotonic() < settle and any(
+                p.poll() is None and _process_state(p.pid) != "stopped" for p in processes
+            ):
                 _note_exits(processes, exit_seen)
                 time.sleep(_POLL_SECONDS)
             _note_exits(processes, exit_seen)

@@ -16,21 +16,41 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 .PHONY: install install-jax install-tensorflow demo test test-stream-jax test-stream-tf-in-process \
 	test-stream-tf-processes test-stream-mixed test-tensorflow-in-process test-tensorflow-in-process-late \
 	test-tensorflow-processes \
-	test-quick durations test-jax test-jax-with-tensorflow test-tensorflow test-keras-min test-keras-min-jax \
+	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
+	test-tensorflow-processes-late test-stream-jax-processes test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults bench clean
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
+# Then the project's own sources are byte-compiled: pip compiles what it
+# installs, but keras_dist is installed editable, and where
+# PYTHONDONTWRITEBYTECODE is set (as on this project's machines) every process
+# would compile keras_dist again (measured: 0.2 CPU-s a process; `make test`
+# starts hundreds). A stale .pyc is never used: Python checks the source's
+# time stamp and size.
 define make-venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
 	$(1)/bin/python -m pip install -q -c requirements/constraints.txt -e ".[$(2)]"
+	$(1)/bin/python -m compileall -q keras_dist tests examples benchmarks
 endef
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/constraints.txt
-	$(call make-venv,$(VENV),jax$(comma)tensorflow-cpu$(comma)ray$(comma)test)
+# The both-backends venv is the union of the two single-backend ones (pinned
+# alike by requirements/constraints.txt, so `pip install ".[jax,tensorflow-cpu,
+# ray,test]"` would install exactly their packages): a .pth file adds their
+# site-packages (requirements/union_venv.py, which refuses venvs that
+# disagree on a version), after keras_dist is installed editable (before:
+# pip's isolated build would see the venvs' old setuptools), and `pip check`
+# checks the union. Measured: a third full install cost 87 s and ~90 CPU-s
+# at the start of `make test`, beside the other two; this costs a few.
+$(STAMP): $(VENV_JAX)/.installed $(VENV_TF)/.installed
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/lib/python*/site-packages/keras_dist_union.pth
+	$(VENV)/bin/python -m pip install -q --no-deps -e .
+	$(PYTHON) requirements/union_venv.py $(VENV) $(VENV_JAX) $(VENV_TF)
+	$(VENV)/bin/python -m pip check
 	touch $@
 
 install-jax: $(VENV_JAX)/.installed
@@ -57,24 +77,28 @@ demo: install-jax
 
 # Each backend runs in its own pytest processes (the backend is fixed per
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
-# `".[tensorflow]"` gives it. Four streams run side by side, each into its
+# `".[tensorflow]"` gives it. The venvs are built first (the two
+# single-backend ones side by side, then their union and the oldest Keras:
+# .test-logs/venvs.log), then five streams run side by side, each into its
 # own log, printed when all are done; every part always runs, and the target
-# fails if any failed. The streams are sized from tests/DURATIONS.md so that
-# none waits long on another:
-#   jax:            the JAX suite (.venv-jax)
-#   tf-in-process:  the TensorFlow tests that start no process (.venv-tensorflow),
-#                   but for those of TF_IN_PROCESS_LATE
-#   tf-processes:   the TensorFlow tests that start processes (.venv-tensorflow)
-#   mixed:          JAX's needs_tensorflow tests, then the oldest Keras on both
-#                   backends (.venv + .venv-keras-min), then TF_IN_PROCESS_LATE
-#                   (.venv-tensorflow, built by then)
-# Each stream builds the venv it needs and starts its tests as soon as that
-# venv is ready, while the others are still installing (the two TensorFlow
-# streams share one venv: it is built once, then both start).
+# fails if any failed. Five, not four: several tests mostly wait (a Ray
+# cluster starting, a launcher's timeout), and a fifth stream keeps both
+# cores busy meanwhile. The streams are sized from tests/DURATIONS.md so that
+# they end together (each stream's last part was chosen for that):
+#   jax:            JAX's tests that start no process (.venv-jax), then the
+#                   oldest Keras on both backends (.venv + .venv-keras-min)
+#   jax-processes:  JAX's tests that start processes (.venv-jax), then
+#                   TensorFlow's of TF_PROCESSES_LATE (.venv-tensorflow)
+#   tf-in-process:  TensorFlow's tests that start no process, but for those of
+#                   TF_IN_PROCESS_LATE (.venv-tensorflow)
+#   tf-processes:   TensorFlow's tests that start processes, but for those of
+#                   TF_PROCESSES_LATE (.venv-tensorflow)
+#   mixed:          JAX's needs_tensorflow tests (.venv), then TensorFlow's of
+#                   TF_IN_PROCESS_LATE (.venv-tensorflow)
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
-STREAMS := jax tf-in-process tf-processes mixed
+STREAMS := jax jax-processes tf-in-process tf-processes mixed
 DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
 #: The JAX pytest processes of a stream share one XLA compilation cache, new
 #: each run, one per stream (the streams run at once, and JAX writes those
@@ -96,33 +120,33 @@ JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1)
 #: and equivalence tests, test-stress (bitwise hashes), test-faults, `make
 #: demo` and the benchmarks compile at -O2.
 JAX_TEST_COMPILE = XLA_FLAGS="--xla_backend_optimization_level=0 $$XLA_FLAGS"
-#: $(call start-stream,NAME,VENV TARGET): in the background, builds the venv
-#: (its output into the stream's log), then runs the stream; the log ends
-#: with the venv's and the tests' wall times and the exit code.
+#: $(call start-stream,NAME): runs the stream in the background; its log
+#: ends with the stream's wall time and exit code.
 define start-stream
-{ start=$$SECONDS; $(MAKE) --no-print-directory $(2) || { echo "== stream $(1): venv failed, exit 1"; exit 1; }; \
-  echo "== stream $(1): venv ready after $$((SECONDS - start)) s"; \
-  $(MAKE) --no-print-directory -k test-stream-$(1); code=$$?; \
+{ start=$$SECONDS; $(MAKE) --no-print-directory -k test-stream-$(1); code=$$?; \
   echo "== stream $(1): $$((SECONDS - start)) s, exit $$code"; exit $$code; } > $(TEST_LOGS)/$(1).log 2>&1 &
 endef
 
 test:
-	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; \
+	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; start=$$SECONDS; \
+	{ $(MAKE) --no-print-directory -j2 install-jax install-tensorflow && \
+	  $(MAKE) --no-print-directory $(KERAS_MIN_DIR)/.installed; } > $(TEST_LOGS)/venvs.log 2>&1 || \
+	  { cat $(TEST_LOGS)/venvs.log; echo "== venvs failed after $$((SECONDS - start)) s"; exit 1; }; \
+	echo "== venvs ready after $$((SECONDS - start)) s" >> $(TEST_LOGS)/venvs.log; \
 	pids=""; \
-	$(call start-stream,jax,install-jax) pids="$$pids $$!"; \
-	$(call start-stream,mixed,$(KERAS_MIN_DIR)/.installed) pids="$$pids $$!"; \
-	$(call start-stream,tf-in-process,install-tensorflow) pids="$$pids $$!"; \
-	tf_first=$$!; while kill -0 $$tf_first 2>/dev/null && ! grep -q "^== stream tf-in-process: venv" $(TEST_LOGS)/tf-in-process.log; do sleep 1; done; \
-	$(call start-stream,tf-processes,install-tensorflow) pids="$$pids $$!"; \
+	$(foreach stream,$(STREAMS),$(call start-stream,$(stream)) pids="$$pids $$!";) \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
 	for stream in $(STREAMS); do echo "===== stream $$stream ($(TEST_LOGS)/$$stream.log)"; cat $(TEST_LOGS)/$$stream.log; done; \
-	echo "===== make test: wall time per part"; grep -h "^== stream" $(TEST_LOGS)/*.log; \
+	echo "===== make test: wall time per part (streams from when the venvs were ready)"; \
+	grep -h "^== venvs" $(TEST_LOGS)/venvs.log; grep -h "^== stream" $(TEST_LOGS)/*.log; \
+	echo "== make test: $$((SECONDS - start)) s"; \
 	exit $$status
 
-test-stream-jax: test-jax
+test-stream-jax: test-jax-in-process test-keras-min-jax test-keras-min-tensorflow
+test-stream-jax-processes: test-jax-processes test-tensorflow-processes-late
 test-stream-tf-in-process: test-tensorflow-in-process
 test-stream-tf-processes: test-tensorflow-processes
-test-stream-mixed: test-jax-with-tensorflow test-keras-min-jax test-keras-min-tensorflow test-tensorflow-in-process-late
+test-stream-mixed: test-jax-with-tensorflow test-tensorflow-in-process-late
 
 # The inner loop (about 5 min): the tests that start no process (no
 # subprocess, no multi-process job, no Ray), on one backend (JAX unless
@@ -144,26 +168,35 @@ durations:
 # KERAS_DIST_SINGLE_BACKEND: tests/test_single_backend_install.py checks the
 # other backend's package is absent. Tests marked needs_tensorflow (tf.data
 # input or TensorBoard on JAX) are skipped here, naming the next target.
-test-jax: install-jax
-	$(call DURATIONS_FILE,jax) $(call JAX_TEST_CACHE,jax) $(JAX_TEST_COMPILE) KERAS_BACKEND=jax KERAS_DIST_SINGLE_BACKEND=jax \
-	  $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax tests
+JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) KERAS_BACKEND=jax \
+	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 \
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults$(2)" tests
+
+test-jax: test-jax-in-process test-jax-processes
+
+test-jax-in-process: install-jax
+	$(call JAX_TESTS,-in-process, and not starts_processes)
+
+test-jax-processes: install-jax
+	$(call JAX_TESTS,-processes, and starts_processes)
 
 # Just the needs_tensorflow tests on JAX, where both backends are installed.
 test-jax-with-tensorflow: install
 	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) $(JAX_TEST_COMPILE) KERAS_BACKEND=jax \
 	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests tests
 
-# The TensorFlow suite is the longest, so `make test` runs it as three pytest
-# processes: the tests that start processes, and the rest in two parts, the
-# second (the in-process tests of TF_IN_PROCESS_LATE) at the end of the mixed
-# stream, which would otherwise end first (tests/DURATIONS.md: the mixed
-# stream ended 640 s before tf-in-process).
-TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py
+# The TensorFlow suite is the longest, so `make test` runs it as four pytest
+# processes: the tests that start no process and those that do, each in two
+# parts, the second (TF_IN_PROCESS_LATE, TF_PROCESSES_LATE) at the end of
+# another stream (see the streams above).
+TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/test_inputs.py
+TF_PROCESSES_LATE := tests/test_docs.py
 TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
 	  -m "not stress and not faults and $(2)" $(3)
 
-test-tensorflow: test-tensorflow-in-process test-tensorflow-in-process-late test-tensorflow-processes
+test-tensorflow: test-tensorflow-in-process test-tensorflow-in-process-late test-tensorflow-processes \
+	test-tensorflow-processes-late
 
 test-tensorflow-in-process: install-tensorflow
 	$(call TF_TESTS,in-process,not starts_processes,tests $(addprefix --ignore=,$(TF_IN_PROCESS_LATE)))
@@ -172,7 +205,10 @@ test-tensorflow-in-process-late: install-tensorflow
 	$(call TF_TESTS,in-process-late,not starts_processes,$(TF_IN_PROCESS_LATE))
 
 test-tensorflow-processes: install-tensorflow
-	$(call TF_TESTS,processes,starts_processes,tests)
+	$(call TF_TESTS,processes,starts_processes,tests $(addprefix --ignore=,$(TF_PROCESSES_LATE)))
+
+test-tensorflow-processes-late: install-tensorflow
+	$(call TF_TESTS,processes-late,starts_processes,$(TF_PROCESSES_LATE))
 
 # $(call both-backends,NAME,PYTEST ARGUMENTS): one pytest run per backend,
 # side by side, each into .test-logs/NAME-<backend>.log (and its durations
@@ -218,7 +254,7 @@ KERAS_MIN_TESTS = $(call DURATIONS_FILE,keras-min-$(1)) PYTHONPATH=$(KERAS_MIN_D
 	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
 
 test-keras-min-jax: install $(KERAS_MIN_DIR)/.installed
-	$(call JAX_TEST_CACHE,mixed) $(call KERAS_MIN_TESTS,jax)
+	$(call JAX_TEST_CACHE,keras-min) $(call KERAS_MIN_TESTS,jax)
 
 test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
 	$(call KERAS_MIN_TESTS,tensorflow)

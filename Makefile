@@ -13,11 +13,10 @@ KERAS_MIN_DIR := .venv-keras-min
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install install-jax install-tensorflow demo test test-stream-jax test-stream-tf-in-process \
-	test-stream-tf-processes test-stream-mixed test-tensorflow-in-process test-tensorflow-in-process-late \
+.PHONY: install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-in-process-late \
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
-	test-tensorflow-processes-late test-stream-jax-processes test-keras-min test-keras-min-jax \
+	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults bench clean
 
 comma := ,
@@ -79,29 +78,31 @@ demo: install-jax
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
 # `".[tensorflow]"` gives it. The venvs are built first (the two
 # single-backend ones side by side, then their union and the oldest Keras:
-# .test-logs/venvs.log), then five streams run side by side, each into its
-# own log, printed when all are done; every part always runs, and the target
-# fails if any failed. Five, not four: several tests mostly wait (a Ray
-# cluster starting, a launcher's timeout), and a fifth stream keeps both
-# cores busy meanwhile. The streams are sized from tests/DURATIONS.md so that
-# they end together (each stream's last part was chosen for that):
-#   jax:            JAX's tests that start no process (.venv-jax), then the
-#                   oldest Keras on both backends (.venv + .venv-keras-min)
-#   jax-processes:  JAX's tests that start processes (.venv-jax), then
-#                   TensorFlow's of TF_PROCESSES_LATE (.venv-tensorflow)
-#   tf-in-process:  TensorFlow's tests that start no process, but for those of
-#                   TF_IN_PROCESS_LATE (.venv-tensorflow)
-#   tf-processes:   TensorFlow's tests that start processes, but for those of
-#                   TF_PROCESSES_LATE (.venv-tensorflow)
-#   mixed:          JAX's needs_tensorflow tests (.venv), then TensorFlow's of
-#                   TF_IN_PROCESS_LATE (.venv-tensorflow)
+# .test-logs/venvs.log). Then the suite runs as TEST_PARTS, one pytest run
+# each, four at a time (tests/run_parts.py): longest first, each part
+# starting as soon as a slot is free, so the four slots end together
+# whatever the parts' lengths become (a fixed list per stream cannot follow
+# them: in the last fixed layout one stream ended 220 s after another).
+# Each part writes its own log, printed when all are done; every part runs,
+# and the target fails if any failed.
+#   test-jax-processes:   JAX's tests that start processes (.venv-jax)
+#   test-tensorflow-processes, -processes-late: TensorFlow's that do, but
+#                         for / then TF_PROCESSES_LATE (.venv-tensorflow)
+#   test-tensorflow-in-process, -in-process-late: TensorFlow's that start
+#                         none, but for / then TF_IN_PROCESS_LATE
+#   test-jax-in-process:  JAX's that start none (.venv-jax)
+#   test-jax-with-tensorflow: JAX's needs_tensorflow tests (.venv)
+#   test-keras-min-*:     the oldest Keras on each backend (.venv + .venv-keras-min)
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
-STREAMS := jax jax-processes tf-in-process tf-processes mixed
+TEST_PARTS := test-jax-processes test-tensorflow-in-process test-tensorflow-processes test-tensorflow-in-process-late \
+	test-jax-in-process test-jax-with-tensorflow test-tensorflow-processes-late test-keras-min-tensorflow \
+	test-keras-min-jax
+TEST_SLOTS := 4
 DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
-#: The JAX pytest processes of a stream share one XLA compilation cache, new
-#: each run, one per stream (the streams run at once, and JAX writes those
+#: The JAX pytest processes of a part share one XLA compilation cache, new
+#: each run, one per part (the parts run at once, and JAX writes those
 #: cache entries unlocked); the JAX processes the tests start (examples,
 #: workers) share one more, locked (tests/conftest.py says what each does
 #: and does not skip; measured: 9% less CPU for the JAX tests that start
@@ -120,33 +121,15 @@ JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1)
 #: and equivalence tests, test-stress (bitwise hashes), test-faults, `make
 #: demo` and the benchmarks compile at -O2.
 JAX_TEST_COMPILE = XLA_FLAGS="--xla_backend_optimization_level=0 $$XLA_FLAGS"
-#: $(call start-stream,NAME): runs the stream in the background; its log
-#: ends with the stream's wall time and exit code.
-define start-stream
-{ start=$$SECONDS; $(MAKE) --no-print-directory -k test-stream-$(1); code=$$?; \
-  echo "== stream $(1): $$((SECONDS - start)) s, exit $$code"; exit $$code; } > $(TEST_LOGS)/$(1).log 2>&1 &
-endef
-
 test:
 	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; start=$$SECONDS; \
 	{ $(MAKE) --no-print-directory -j2 install-jax install-tensorflow && \
 	  $(MAKE) --no-print-directory $(KERAS_MIN_DIR)/.installed; } > $(TEST_LOGS)/venvs.log 2>&1 || \
 	  { cat $(TEST_LOGS)/venvs.log; echo "== venvs failed after $$((SECONDS - start)) s"; exit 1; }; \
-	echo "== venvs ready after $$((SECONDS - start)) s" >> $(TEST_LOGS)/venvs.log; \
-	pids=""; \
-	$(foreach stream,$(STREAMS),$(call start-stream,$(stream)) pids="$$pids $$!";) \
-	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
-	for stream in $(STREAMS); do echo "===== stream $$stream ($(TEST_LOGS)/$$stream.log)"; cat $(TEST_LOGS)/$$stream.log; done; \
-	echo "===== make test: wall time per part (streams from when the venvs were ready)"; \
-	grep -h "^== venvs" $(TEST_LOGS)/venvs.log; grep -h "^== stream" $(TEST_LOGS)/*.log; \
-	echo "== make test: $$((SECONDS - start)) s"; \
+	echo "== venvs ready after $$((SECONDS - start)) s"; \
+	$(PYTHON) tests/run_parts.py --jobs $(TEST_SLOTS) --logs $(TEST_LOGS) $(TEST_PARTS); status=$$?; \
+	echo "== make test: $$((SECONDS - start)) s (venvs included), exit $$status"; \
 	exit $$status
-
-test-stream-jax: test-jax-in-process test-keras-min-jax test-keras-min-tensorflow
-test-stream-jax-processes: test-jax-processes test-tensorflow-processes-late
-test-stream-tf-in-process: test-tensorflow-in-process
-test-stream-tf-processes: test-tensorflow-processes
-test-stream-mixed: test-jax-with-tensorflow test-tensorflow-in-process-late
 
 # The inner loop (about 5 min): the tests that start no process (no
 # subprocess, no multi-process job, no Ray), on one backend (JAX unless
@@ -188,7 +171,7 @@ test-jax-with-tensorflow: install
 # The TensorFlow suite is the longest, so `make test` runs it as four pytest
 # processes: the tests that start no process and those that do, each in two
 # parts, the second (TF_IN_PROCESS_LATE, TF_PROCESSES_LATE) at the end of
-# another stream (see the streams above).
+# `make test`'s parts (see TEST_PARTS above).
 TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/test_inputs.py
 TF_PROCESSES_LATE := tests/test_docs.py
 TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \

@@ -134,6 +134,21 @@ class ReplicaContext:
 # -- the strategy stack ------------------------------------------------------
 
 
+#: The attribute of a Keras model that holds the strategy it was created
+#: under (set by the model-creation hook; read by the callbacks and steps).
+_MODEL_STRATEGY_ATTR = "_keras_dist_strategy"
+
+
+def model_strategy(model):
+    """The keras_dist strategy a model was created under, or None."""
+    return model.__dict__.get(_MODEL_STRATEGY_ATTR)
+
+
+def remember_strategy(model, strategy) -> None:
+    """Marks `model` as created under `strategy` (see `model_strategy`)."""
+    object.__setattr__(model, _MODEL_STRATEGY_ATTR, strategy)
+
+
 def current_strategy():
     """The innermost strategy whose scope is entered, or None."""
     return _stack[-1] if _stack else None

@@ -119,7 +119,7 @@ def accept(value: Any, kind: str) -> Any:
     from keras_dist.backends import get_adapter
 
     adapter = get_adapter()
-    translated = adapter.from_backend_object(value, kind)
+    translated = None if adapter.from_backend_object is None else adapter.from_backend_object(value, kind)
     if translated is not None:
         return translated
     what, instead = KINDS[kind]

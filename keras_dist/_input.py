@@ -714,3 +714,9 @@ def concatenate_rows(batches: list) -> Any:
 
 
 _END = object()
+
+
+def is_dataset_object(x: Any) -> bool:
+    """A dataset already made (it has an `element_spec` and is not a
+    function making one)."""
+    return hasattr(x, "element_spec") and not callable(x)

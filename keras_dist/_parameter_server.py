@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from keras_dist import _foreign
+from keras_dist._engine_kind import EngineKind
+from keras_dist._input import is_dataset_object  # noqa: F401 - the coordinator's and fit's
 from keras_dist._strategy import Strategy, StrategyExtended
 from keras_dist.backends import get_adapter
 
@@ -19,6 +21,8 @@ _JOBS = ("chief", "worker", "ps", "evaluator")
 
 
 class _ParameterServerExtended(StrategyExtended):
+    engine_kind = EngineKind.PARAMETER_SERVER
+
     def __init__(self, strategy, resolver, variable_partitioner):
         super().__init__(strategy, ("cpu:0",))
         self._resolver = resolver
@@ -168,12 +172,6 @@ class DatasetCreator:
 
     def __repr__(self) -> str:
         return f"DatasetCreator({self.dataset_fn!r})"
-
-
-def is_dataset_object(x: Any) -> bool:
-    """A dataset already made (it has an `element_spec` and is not a
-    function making one)."""
-    return hasattr(x, "element_spec") and not callable(x)
 
 
 def call_dataset_fn(dataset_fn: Callable, input_context: Any) -> Any:

@@ -281,7 +281,7 @@ class _KerasModelStore(_FileStore):
             )
 
     def _scope(self):
-        from keras_dist._hooks._patching import model_strategy
+        from keras_dist._context import model_strategy
 
         strategy = model_strategy(self.model)
         return strategy.scope() if strategy is not None else contextlib.nullcontext()

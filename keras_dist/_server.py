@@ -67,7 +67,13 @@ class Server:
         if not isinstance(start, bool):
             raise TypeError(f"keras_dist.Server: start must be True or False, got {start!r}.")
         self._job_name, self._task_index = job_name, task_index
-        self._engine = get_adapter().create_server(spec.as_dict(), job_name, task_index, protocol, config, start)
+        adapter = get_adapter()
+        if adapter.create_server is None:  # an optional capability
+            raise NotImplementedError(
+                f"keras_dist.Server is not supported on the {adapter.name} backend: "
+                + adapter.unsupported.get("create_server", "it runs no server processes.")
+            )
+        self._engine = adapter.create_server(spec.as_dict(), job_name, task_index, protocol, config, start)
 
     @property
     def target(self) -> str:

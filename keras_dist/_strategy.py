@@ -4,7 +4,8 @@ A strategy owns a list of devices (in its `StrategyExtended`); the backend
 adapter turns them into the backend's engine (a `jax.sharding.Mesh` with a
 Keras distribution, or a `tf.distribute` strategy) lazily, on first use.
 Adding a strategy: a subclass here (and, if it needs facts of its own, of
-`StrategyExtended`), plus what its engine needs in each backend adapter.
+`StrategyExtended`) naming its `EngineKind`; where that kind is new, one
+entry in each backend adapter's table of engines.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from keras_dist import _context, _cross_device_ops, _devices, _foreign
 from keras_dist import _heartbeat as heartbeat
 from keras_dist._context import ReplicaContext
+from keras_dist._engine_kind import EngineKind
 from keras_dist._reduce import ReduceOp
 from keras_dist.backends import get_adapter
 from keras_dist.cluster_resolver._validate import check_cluster_to_join
@@ -30,8 +32,12 @@ class StrategyExtended:
     Besides tf's public properties it holds what the backend adapter reads
     to build and use the strategy's engine (`engine`, `engine_devices`,
     `cross_device_ops`, `communication_options`), and the job's shape
-    (`num_workers`, `worker_index`).
+    (`num_workers`, `worker_index`). `engine_kind` is the one fact about the
+    strategy an adapter reads to choose the engine.
     """
+
+    #: The kind of engine this strategy needs (each subclass names its own).
+    engine_kind: EngineKind = EngineKind.LOCAL
 
     def __init__(
         self,
@@ -55,18 +61,6 @@ class StrategyExtended:
     def parameter_devices(self) -> tuple[str, ...]:
         """Devices that hold a copy of each variable."""
         return self._devices
-
-    @property
-    def central_parameter_device(self) -> Optional[str]:
-        """The one device that holds every variable (CentralStorage), or
-        None where each replica's device holds a copy (Mirrored)."""
-        return None
-
-    @property
-    def runs_steps_on_device(self) -> bool:
-        """Whether `fit`/`evaluate` run `steps_per_execution` batches in one
-        compiled on-device loop where the backend can (TPUStrategy)."""
-        return False
 
     @property
     def cluster_resolver(self) -> Any:
@@ -162,7 +156,7 @@ class StrategyExtended:
     @property
     def experimental_require_static_shapes(self) -> bool:
         """Whether the strategy needs static shapes (TPUStrategy, as in tf)."""
-        return self.runs_steps_on_device
+        return self.engine_kind is EngineKind.TPU
 
     def _check_destinations(self, method: str, destinations) -> None:
         if isinstance(destinations, str):
@@ -187,6 +181,16 @@ class StrategyExtended:
         if self._engine is None:
             self._engine = get_adapter().create_engine(self)
         return self._engine
+
+    @property
+    def engine_if_made(self) -> Any:
+        """The engine if it was created, else None (creates nothing)."""
+        return self._engine
+
+    @property
+    def container_strategy(self) -> "Strategy":
+        """The strategy this belongs to (tf: `_container_strategy()`)."""
+        return self._strategy
 
     @property
     def engine_devices(self) -> tuple[str, ...]:
@@ -365,7 +369,7 @@ class Strategy:
                 self._element_spec,
                 options.experimental_per_replica_buffer_size,
             )._made_by(self, fit_source=dataset)
-        native = adapter.distribute_dataset_natively(engine, dataset, self._first_local_replica(), "global_batches", options)
+        native = _natively(adapter, engine, dataset, self._first_local_replica(), "global_batches", options)
         if native is not None:
             return _trains_as(native, self, lambda: dataset)
         _check_host_input_options("experimental_distribute_dataset", options)
@@ -402,8 +406,8 @@ class Strategy:
             datasets = dataset_fn(InputContext(1, 0, num))
         engine = self._extended.engine
         adapter = get_adapter()
-        native = adapter.distribute_dataset_natively(
-            engine, datasets, self._first_local_replica(), "per_replica_pipelines" if per_replica else "per_replica_batches", options
+        native = _natively(
+            adapter, engine, datasets, self._first_local_replica(), "per_replica_pipelines" if per_replica else "per_replica_batches", options
         )
         make_in_python = lambda: DistributedDatasetsFromFunction(  # noqa: E731
             lambda: adapter.iterate_batches(datasets),
@@ -564,6 +568,14 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
         )
 
 
+def _natively(adapter, engine, dataset, first_replica: int, kind: str, options) -> Any:
+    """The engine's own distributed dataset (the adapter's optional
+    `distribute_dataset_natively`), or None: keras_dist splits on the host."""
+    if adapter.distribute_dataset_natively is None:
+        return None
+    return adapter.distribute_dataset_natively(engine, dataset, first_replica, kind, options)
+
+
 def _trains_as(native: Any, strategy: "Strategy", make_source: Callable[[], Any]) -> Any:
     """`native` (the engine's own distributed dataset) marked, as
     `DistributedDataset._made_by` marks keras_dist's, with a function
@@ -684,13 +696,11 @@ class _CentralStorageExtended(StrategyExtended):
         super().__init__(strategy, compute_devices)
         self._parameter_device = parameter_device
 
+    engine_kind = EngineKind.CENTRAL_STORAGE
+
     @property
     def parameter_devices(self) -> tuple[str, ...]:
         return (self._parameter_device,)
-
-    @property
-    def central_parameter_device(self) -> Optional[str]:
-        return self._parameter_device
 
 
 class CentralStorageStrategy(Strategy):
@@ -740,7 +750,7 @@ class CentralStorageStrategy(Strategy):
         devices = ", ".join(self._extended.worker_devices)
         return (
             f"CentralStorageStrategy(compute_devices=[{devices}], "
-            f"parameter_device={self._extended.central_parameter_device})"
+            f"parameter_device={self._extended.parameter_devices[0]})"
         )
 
 
@@ -765,6 +775,8 @@ def _note_one_replica(device: str) -> None:
 
 
 class _MultiWorkerExtended(StrategyExtended):
+    engine_kind = EngineKind.MULTI_WORKER
+
     def __init__(self, strategy, devices, global_devices, resolver, options):
         super().__init__(strategy, devices, engine_devices=global_devices)
         self._resolver = resolver
@@ -868,9 +880,7 @@ TPU_ON_CPU_ENV = _devices.TPU_ON_CPU_ENV
 
 
 class _TPUExtended(_MultiWorkerExtended):
-    @property
-    def runs_steps_on_device(self) -> bool:
-        return True
+    engine_kind = EngineKind.TPU
 
 
 class TPUStrategy(Strategy):
@@ -991,7 +1001,7 @@ class _DefaultStrategy(Strategy):
         options = _input_options("experimental_distribute_dataset", options)
         check_dataset(dataset)
         adapter = get_adapter()
-        native = adapter.distribute_dataset_natively(None, dataset, 0, "global_batches", options)
+        native = _natively(adapter, None, dataset, 0, "global_batches", options)
         if native is not None:
             return native
         batches = lambda: adapter.iterate_batches(dataset)  # noqa: E731

@@ -28,8 +28,8 @@ keras_dist.simulate_cpu_devices(NUM_DEVICES)
 
 BACKEND = keras.config.backend()
 
-#: `make test` gives the JAX pytest processes of each stream one persistent
-#: XLA compilation cache, new for each run (`.test-logs/jax-cache-<stream>`),
+#: `make test` gives the JAX pytest processes of each part one persistent
+#: XLA compilation cache, new for each run (`.test-logs/jax-cache-<part>`),
 #: used in the pytest process only:
 #: an XLA program identical to one an earlier test compiled (the same model,
 #: batch shapes and devices: each equivalence test's one-device reference,
@@ -46,7 +46,7 @@ if BACKEND == "jax" and JAX_CACHE:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 #: `make test` also gives the JAX processes the tests start (examples, guide
-#: blocks, workers) one XLA compilation cache shared by every stream
+#: blocks, workers) one XLA compilation cache shared by every part
 #: (`.test-logs/jax-cache-processes`, new each run): a worker or example that
 #: runs a program an earlier one compiled loads it. Several processes read and
 #: write it at once, so it is set up with a size limit, which makes JAX take a

@@ -3,13 +3,14 @@ imports no backend, no module imports itself through a circle, and
 ARCHITECTURE.md names modules that exist."""
 
 import ast
+import inspect
 import pathlib
 import re
 
 import pytest
 
 import keras_dist
-from keras_dist.backends import BackendAdapter, check_conforms, get_adapter, required_methods
+from keras_dist.backends import BackendAdapter, check_conforms, get_adapter, optional_methods, required_methods
 
 PACKAGE = pathlib.Path(keras_dist.__file__).parent
 ROOT = PACKAGE.parent
@@ -78,6 +79,64 @@ def test_each_backend_imports_only_its_own_engine():
         assert not {name.split(".")[0] for name in _imports(path)} & others, module
 
 
+#: The core modules that define strategy classes: an adapter that imported
+#: one would know strategies by class, not by `extended.engine_kind`.
+STRATEGY_MODULES = {"keras_dist._strategy", "keras_dist._parameter_server"}
+
+
+def test_adapters_know_strategies_only_by_engine_kind():
+    """No module under backends/ imports a strategy class or reads a
+    private name of a strategy or its `extended`: each adapter chooses its
+    engine from `extended.engine_kind`, through one table."""
+    modules = _modules()
+    # the private attributes keras_dist's strategies set (tf's own engine
+    # objects have private names of their own, which adapters may touch)
+    private = {
+        name
+        for module in STRATEGY_MODULES
+        for name in re.findall(r"\bself\.(_[a-z]\w*)\s*=", modules[module].read_text())
+    }
+    assert {"_strategy", "_engine", "_resolver"} <= private  # the scan sees them
+    read = re.compile(r"(?<!engine\.)\b(?:strategy|extended)\.(_[a-z]\w*)")
+    for module, path in modules.items():
+        if not module.startswith("keras_dist.backends."):
+            continue
+        imported = set(_imports(path)) & STRATEGY_MODULES
+        assert not imported, f"{module} imports {sorted(imported)}"
+        reads = sorted(set(read.findall(path.read_text())) & private)
+        assert not reads, f"{module} reads {reads} of a keras_dist strategy"
+    from keras_dist._engine_kind import EngineKind
+
+    tables = [get_adapter_engines(backend) for backend in BACKEND_PACKAGES]
+    for table in tables:
+        if table is not None:
+            assert set(table) == set(EngineKind), sorted(set(EngineKind) - set(table))
+
+
+def get_adapter_engines(backend):
+    """The backend's engine table, where this process can import it."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"keras_dist.backends.{backend}._engine")._ENGINES
+    except ImportError:
+        return None
+
+
+def test_the_core_does_not_climb_into_the_hooks():
+    """Only the package's entry (`keras_dist/__init__`, which installs them)
+    and the hooks themselves import `keras_dist._hooks`: the core and the
+    adapters sit below the hooks, which call them, never the other way."""
+    offenders = {
+        module: names
+        for module, path in _modules().items()
+        if module != "keras_dist" and not module.startswith("keras_dist._hooks")
+        for names in [sorted(n for n in _imports(path) if n.startswith("keras_dist._hooks"))]
+        if names
+    }
+    assert not offenders, offenders
+
+
 def test_no_import_cycles():
     modules = _modules()
     graph = {}
@@ -127,6 +186,41 @@ def test_an_incomplete_or_misdeclared_adapter_is_refused():
         check_conforms(Loose())
 
 
+def test_an_optional_capability_is_none_or_declared_exactly():
+    """An adapter may leave an optional capability None (no stub), but one
+    it gives is checked like a required method; a required one None is
+    refused."""
+    assert set(optional_methods()) == {
+        "distribute_dataset_natively", "create_server", "assign_on_ps", "apply_optimizer",
+        "variable_parts", "from_backend_object",
+    }
+    assert not set(optional_methods()) & set(required_methods())
+    adapter = get_adapter()
+    base = {name: inspect.getattr_static(type(adapter), name) for name in required_methods()}
+    Lean = type("Lean", (BackendAdapter,), {"name": "lean", **base})
+    check_conforms(Lean())  # every optional capability None
+    Wrong = type("Wrong", (BackendAdapter,), {"name": "wrong", **base, "create_server": staticmethod(lambda cluster: None)})
+    with pytest.raises(TypeError, match="does not conform.*create_server"):
+        check_conforms(Wrong())
+    NoneRequired = type("NoneRequired", (Lean,), {"run": None})
+    with pytest.raises(TypeError, match="run is None"):
+        check_conforms(NoneRequired())
+
+
+def test_this_backend_s_optional_capabilities():
+    """JAX has no dataset engine, no tf objects and no server processes (its
+    ps are Ray actors); TensorFlow has every capability."""
+    adapter = get_adapter()
+    lacking = {name for name in optional_methods() if getattr(adapter, name) is None}
+    expected = {
+        "jax": {"distribute_dataset_natively", "create_server", "assign_on_ps", "apply_optimizer",
+                "variable_parts", "from_backend_object"},
+        "tensorflow": set(),
+    }[adapter.name]
+    assert lacking == expected
+    assert set(adapter.unsupported) <= lacking
+
+
 def test_replica_ops_of_this_backend_implement_the_interface():
     import importlib
 
@@ -142,7 +236,7 @@ def test_architecture_page_names_real_modules():
     assert len(named) >= 20, named
     missing = sorted(path for path in named if not (ROOT / path).exists())
     assert not missing, missing
-    for method in required_methods():  # the adapter method set, listed in full
+    for method in [*required_methods(), *optional_methods()]:  # the adapter method set, listed in full
         assert f"`{method}`" in text, method
 
 

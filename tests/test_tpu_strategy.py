@@ -7,6 +7,7 @@ run as one on-device loop on JAX. Nothing here ran on a real TPU."""
 import pytest
 
 import keras_dist
+from keras_dist._engine_kind import EngineKind
 from _helpers import assert_fit_evaluate_predict_match, make_data, twin
 from conftest import BACKEND
 from keras_dist._devices import TPU_ON_CPU_ENV
@@ -39,7 +40,8 @@ def test_strategy_over_cpu_devices_under_the_hook(tpu_on_cpu):
     assert strategy.num_replicas_in_sync == 4
     assert strategy.extended.worker_devices == ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
     assert strategy.cluster_resolver is resolver
-    assert strategy.extended.runs_steps_on_device
+    assert strategy.extended.engine_kind is EngineKind.TPU  # steps_per_execution on device
+    assert strategy.extended.experimental_require_static_shapes
     assert keras_dist.experimental.TPUStrategy is keras_dist.TPUStrategy
 
 

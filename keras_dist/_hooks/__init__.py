@@ -25,7 +25,8 @@ Hooks:
 from __future__ import annotations
 
 from keras_dist._hooks import _empty_replicas, _entry, _files, _losses, _loops, _metrics, _random, _run_variables, _steps, _variables
-from keras_dist._hooks._patching import ORIGINALS, Hook, model_strategy, patch, resolve
+from keras_dist._context import model_strategy
+from keras_dist._hooks._patching import ORIGINALS, Hook, patch, resolve
 from keras_dist._shard import scale_factor, unscale_factor
 from keras_dist.backends import backend_name
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import keras
 
-from keras_dist._hooks._patching import model_strategy
+from keras_dist._context import model_strategy
 
 
 #: Keras callbacks that write files, and the attribute naming where.

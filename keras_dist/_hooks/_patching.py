@@ -13,7 +13,6 @@ import keras
 #: "module:Owner.attribute" -> the original, for every hook installed.
 ORIGINALS: dict = {}
 
-_STRATEGY_ATTR = "_keras_dist_strategy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +60,3 @@ def patch(hook: Hook) -> None:
     ORIGINALS[path] = original
 
 
-def model_strategy(model):
-    """The keras_dist strategy a model was created under, or None."""
-    return model.__dict__.get(_STRATEGY_ATTR)
-
-
-def remember_strategy(model, strategy) -> None:
-    object.__setattr__(model, _STRATEGY_ATTR, strategy)

@@ -36,7 +36,8 @@ def wrap_assign(original):
     function, once; elsewhere Keras' own."""
 
     def assign(self, value):
-        new = get_adapter().assign_on_ps(self, value)
+        assign_on_ps = get_adapter().assign_on_ps  # an optional capability
+        new = None if assign_on_ps is None else assign_on_ps(self, value)
         return original(self, value) if new is None else new
 
     return assign

@@ -18,7 +18,7 @@ import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from keras_dist import _context, _input, _shard
-from keras_dist._hooks._patching import model_strategy
+from keras_dist._context import model_strategy
 from keras_dist.backends import get_adapter
 
 
@@ -183,7 +183,10 @@ def wrap_optimizer_apply(original):
             with _gradients_presummed(self):
                 return original(self, summed, trainable_variables)
 
-        return get_adapter().apply_optimizer(self, build if unbuilt else None, run)
+        apply_optimizer = get_adapter().apply_optimizer  # an optional capability
+        if apply_optimizer is None:
+            return run()
+        return apply_optimizer(self, build if unbuilt else None, run)
 
     return apply
 

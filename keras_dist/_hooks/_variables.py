@@ -39,10 +39,12 @@ def wrap_trainable_variables(original):
     getter = original.fget
 
     def trainable(self):
-        adapter = get_adapter()
+        variable_parts = get_adapter().variable_parts  # an optional capability
+        if variable_parts is None:
+            return getter(self)
         listed = []
         for variable in getter(self):
-            parts = adapter.variable_parts(variable)
+            parts = variable_parts(variable)
             listed.extend(parts if parts else (variable,))
         return listed
 

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import importlib
 
-from keras_dist.backends._base import BackendAdapter, check_conforms, required_methods
+from keras_dist.backends._base import BackendAdapter, OptionalCapabilities, check_conforms, optional_methods, required_methods
 
-__all__ = ["BackendAdapter", "backend_name", "check_conforms", "get_adapter", "required_methods"]
+__all__ = [
+    "BackendAdapter",
+    "OptionalCapabilities",
+    "backend_name",
+    "check_conforms",
+    "get_adapter",
+    "optional_methods",
+    "required_methods",
+]
 
 #: Keras backend name -> the module whose `ADAPTER` serves it.
 SUPPORTED = {"jax": "keras_dist.backends.jax", "tensorflow": "keras_dist.backends.tensorflow"}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import typing
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 
@@ -29,6 +30,22 @@ class BackendAdapter(abc.ABC):
 
     #: The Keras backend name ("jax", "tensorflow").
     name: str = ""
+
+    # -- optional capabilities -----------------------------------------------
+    # An adapter whose backend lacks one leaves it None (a capability, not a
+    # stub); the core then does without it, or raises one clear error naming
+    # the backend and the `unsupported` hint below. Their signatures are
+    # declared by `OptionalCapabilities` and checked like the rest.
+    distribute_dataset_natively: Optional[Callable[..., Any]] = None
+    create_server: Optional[Callable[..., Any]] = None
+    assign_on_ps: Optional[Callable[..., Any]] = None
+    apply_optimizer: Optional[Callable[..., Any]] = None
+    variable_parts: Optional[Callable[..., Any]] = None
+    from_backend_object: Optional[Callable[..., Any]] = None
+
+    #: capability name -> what to do instead on this backend (used in the
+    #: core's "not supported" error), for the capabilities left None.
+    unsupported: dict = {}
 
     # -- devices and placement -------------------------------------------------
 
@@ -113,18 +130,6 @@ class BackendAdapter(abc.ABC):
     @abc.abstractmethod
     def split_global_batch(self, engine: Any, batch: Any) -> Any:
         """One global batch -> per-replica values (contiguous shards)."""
-
-    @abc.abstractmethod
-    def distribute_dataset_natively(self, engine: Any, dataset: Any, first_replica: int, kind: str, options: Any) -> Any:
-        """The engine's own distributed dataset where it has one
-        (TensorFlow, tf.data: iterable inside `tf.function`), carrying out
-        the `keras_dist.InputOptions` `options` for the replicas from
-        `first_replica` on; None where the backend has none. `kind`:
-        "global_batches" (`dataset`'s batches cut into keras_dist's
-        contiguous shards), "per_replica_batches" (one element per replica
-        in turn) or "per_replica_pipelines" (`dataset` is a list, one
-        dataset per replica: `InputReplicationMode.PER_REPLICA`).
-        `engine` None: the default strategy (one replica, no splitting)."""
 
     @abc.abstractmethod
     def combine_replica_batches(self, engine: Any, batches: list) -> Any:
@@ -235,41 +240,6 @@ class BackendAdapter(abc.ABC):
         argument: the core has bound the `InputContext` already);
         `iter()` of the result is the per-worker iterator `schedule` takes."""
 
-    @abc.abstractmethod
-    def create_server(
-        self, cluster: dict, job_name: str, task_index: int, protocol: Optional[str], config: Any, start: bool
-    ) -> Any:
-        """A server for one task of a parameter-server cluster (`cluster`:
-        job -> addresses), as `tf.distribute.Server`: the result has
-        `start()`, `join()` (blocks for ever) and `target`. Engines whose
-        workers need no server process raise NotImplementedError, naming
-        what to do instead."""
-
-    @abc.abstractmethod
-    def assign_on_ps(self, variable: Any, value: Any) -> Any:
-        """`variable.assign(value)` of a variable on a parameter server,
-        written by a function the coordinator scheduled: applied once even
-        when the function runs again after its worker died; returns the new
-        value. None elsewhere (Keras' own `assign` then runs)."""
-
-    @abc.abstractmethod
-    def apply_optimizer(self, optimizer: Any, build: Optional[Callable[[], None]], apply: Callable[[], Any]) -> Any:
-        """Runs `apply()` (Keras' `optimizer.apply`). Where the engine's
-        optimizer updates need it (TensorFlow, in a scheduled function:
-        applied once even when the function runs again), around it;
-        otherwise just `apply()`. `build`: builds the still unbuilt optimizer
-        as Keras' `apply` would (None when built), for an engine that must
-        build it before `apply()` runs."""
-
-    @abc.abstractmethod
-    def variable_parts(self, variable: Any) -> Optional[list]:
-        """The Keras variables trainers and optimizers see for `variable`
-        where the engine stores it split over the ps tasks (TensorFlow: tf's
-        `ShardedVariable` under a `variable_partitioner`): one per shard,
-        the same objects on every call; None for a variable stored whole.
-        Layers compute with `variable` (all its rows); gradients and
-        updates go to the parts."""
-
     # -- measurement -------------------------------------------------------
 
     @abc.abstractmethod
@@ -279,13 +249,74 @@ class BackendAdapter(abc.ABC):
 
     # -- the backend library's own objects (ported code) ---------------------
 
-    @abc.abstractmethod
+
+
+
+class OptionalCapabilities(typing.Protocol):
+    """The declared signatures of `BackendAdapter`'s optional capabilities
+    (each None on an adapter whose backend lacks it; see `optional_methods`)."""
+
+    def distribute_dataset_natively(self, engine: Any, dataset: Any, first_replica: int, kind: str, options: Any) -> Any:
+        """The engine's own distributed dataset where it has one
+        (TensorFlow, tf.data: iterable inside `tf.function`), carrying out
+        the `keras_dist.InputOptions` `options` for the replicas from
+        `first_replica` on; None where the backend has none. `kind`:
+        "global_batches" (`dataset`'s batches cut into keras_dist's
+        contiguous shards), "per_replica_batches" (one element per replica
+        in turn) or "per_replica_pipelines" (`dataset` is a list, one
+        dataset per replica: `InputReplicationMode.PER_REPLICA`).
+        `engine` None: the default strategy (one replica, no splitting).
+        Adapter without it: batches are split on the host (JAX)."""
+
+    def create_server(
+        self, cluster: dict, job_name: str, task_index: int, protocol: Optional[str], config: Any, start: bool
+    ) -> Any:
+        """A server for one task of a parameter-server cluster (`cluster`:
+        job -> addresses), as `tf.distribute.Server`: the result has
+        `start()`, `join()` (blocks for ever) and `target`. Adapter without
+        it: `keras_dist.Server` raises NotImplementedError with the
+        adapter's `unsupported["create_server"]` hint (JAX: the workers are
+        Ray actors the strategy starts)."""
+
+    def assign_on_ps(self, variable: Any, value: Any) -> Any:
+        """`variable.assign(value)` of a variable on a parameter server,
+        written by a function the coordinator scheduled: applied once even
+        when the function runs again after its worker died; returns the new
+        value. None elsewhere (Keras' own `assign` then runs), and
+        always where the adapter lacks it."""
+
+    def apply_optimizer(self, optimizer: Any, build: Optional[Callable[[], None]], apply: Callable[[], Any]) -> Any:
+        """Runs `apply()` (Keras' `optimizer.apply`). Where the engine's
+        optimizer updates need it (TensorFlow, in a scheduled function:
+        applied once even when the function runs again), around it;
+        otherwise just `apply()`. `build`: builds the still unbuilt optimizer
+        as Keras' `apply` would (None when built), for an engine that must
+        build it before `apply()` runs. Adapter without it: `apply()`."""
+
+    def variable_parts(self, variable: Any) -> Optional[list]:
+        """The Keras variables trainers and optimizers see for `variable`
+        where the engine stores it split over the ps tasks (TensorFlow: tf's
+        `ShardedVariable` under a `variable_partitioner`): one per shard,
+        the same objects on every call; None for a variable stored whole.
+        Layers compute with `variable` (all its rows); gradients and
+        updates go to the parts. Adapter without it: every variable whole."""
+
     def from_backend_object(self, value: Any, kind: str) -> Any:
         """keras_dist's own object of `kind` (a key of `keras_dist._foreign.KINDS`:
         "reduce_op", "cross_device_ops", ...) for `value`, an object of the
         backend's library that `keras_dist._foreign.accept` found (TensorFlow:
         tf.distribute's `ReduceOp`, `tf.train.ClusterSpec`, ...); None where
-        there is none (the core then raises, naming the keras_dist spelling)."""
+        there is none, or where the adapter lacks it (the core then raises,
+        naming the keras_dist spelling)."""
+
+
+def optional_methods() -> dict[str, inspect.Signature]:
+    """Every optional capability, with its declared signature."""
+    return {
+        name: inspect.signature(getattr(OptionalCapabilities, name))
+        for name in sorted(vars(OptionalCapabilities))
+        if not name.startswith("_") and callable(getattr(OptionalCapabilities, name))
+    }
 
 
 def required_methods() -> dict[str, inspect.Signature]:
@@ -304,8 +335,15 @@ def check_conforms(adapter: BackendAdapter) -> None:
     if not isinstance(adapter, BackendAdapter):
         raise TypeError(f"{adapter!r} is not a keras_dist BackendAdapter.")
     problems = []
-    for name, declared in required_methods().items():
-        implemented = inspect.signature(getattr(adapter, name))
+    declarations = {**required_methods(), **optional_methods()}
+    for name, declared in declarations.items():
+        method = getattr(adapter, name)
+        if method is None and name in optional_methods():
+            continue
+        if method is None:
+            problems.append(f"{name} is None (only optional capabilities may be)")
+            continue
+        implemented = inspect.signature(method)
         want = [(p.name, p.kind) for p in declared.parameters.values()][1:]  # less `self`
         got = [(p.name, p.kind) for p in implemented.parameters.values()]
         if want != got:

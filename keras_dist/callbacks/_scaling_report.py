@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from keras_dist import _context
-from keras_dist._hooks import model_strategy
+from keras_dist._context import model_strategy
 from keras_dist.backends import backend_name, get_adapter
 from keras_dist.callbacks import _plot, _timing
 from keras_dist.callbacks._report import PARTS, ScalingResult, available_cores, hints_for

@@ -12,12 +12,6 @@ from keras_dist.backends._base import BackendAdapter
 from keras_dist.backends.jax import _cluster, _engine, _parameter_servers, _replica, _replica_step, _step, _time
 
 
-def _no_backend_objects(value, kind):
-    """None: keras_dist takes no object of JAX's own in place of its own (a
-    TensorFlow object then gets the core's error naming the keras_dist one)."""
-    return None
-
-
 class JaxAdapter(BackendAdapter):
     name = "jax"
     # devices and placement
@@ -40,7 +34,6 @@ class JaxAdapter(BackendAdapter):
     iterate_batches = staticmethod(_replica.iterate_batches)
     split_global_batch = staticmethod(_replica.split_global_batch)
     combine_replica_batches = staticmethod(_replica.combine_replica_batches)
-    distribute_dataset_natively = staticmethod(_replica.distribute_dataset_natively)
     # custom loops
     distribute_values = staticmethod(_replica.distribute_values)
     run = staticmethod(_replica.run)
@@ -62,11 +55,16 @@ class JaxAdapter(BackendAdapter):
     join = staticmethod(_parameter_servers.join)
     done = staticmethod(_parameter_servers.done)
     create_per_worker_dataset = staticmethod(_parameter_servers.create_per_worker_dataset)
-    create_server = staticmethod(_parameter_servers.create_server)
-    variable_parts = staticmethod(_parameter_servers.variable_parts)
-    assign_on_ps = staticmethod(_parameter_servers.assign_on_ps)
-    apply_optimizer = staticmethod(_parameter_servers.apply_optimizer)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
-    # the backend library's own objects
-    from_backend_object = staticmethod(_no_backend_objects)
+    # Optional capabilities JAX lacks (None, BackendAdapter's default):
+    # distribute_dataset_natively (no dataset engine: batches are split on
+    # the host), from_backend_object (no JAX object stands for a keras_dist
+    # one; a TensorFlow object gets the core's error naming the keras_dist
+    # spelling), and of the parameter servers' (Ray actors, which split a
+    # variable's rows and apply each keyed write once themselves):
+    # create_server, variable_parts, assign_on_ps, apply_optimizer.
+    unsupported = {
+        "create_server": "on JAX, workers and parameter servers are Ray actors the strategy starts; "
+        "no server process is needed."
+    }

@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from keras_dist import _devices
 from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
+from keras_dist._engine_kind import EngineKind
 from keras_dist.backends.jax import _cluster
 
 BATCH_AXIS = "batch"
@@ -158,12 +159,14 @@ def compiler_options_for(ops):
 
 
 def create_engine(extended) -> JaxEngine:
-    """The engine for a strategy's `StrategyExtended` (its engine devices,
-    its cross-device ops)."""
-    from keras_dist._parameter_server import _ParameterServerExtended
+    """The engine for a strategy's `StrategyExtended`, by its `engine_kind`
+    (its engine devices, its cross-device ops)."""
+    return _ENGINES[extended.engine_kind](extended)
 
-    if isinstance(extended, _ParameterServerExtended):
-        return _create_parameter_server_engine(extended)
+
+def _data_parallel_engine(extended, parameter_device=None, steps_on_device=False) -> JaxEngine:
+    """Keras' DataParallel over the engine devices (every worker's, for a
+    multi-worker job): variables replicated, or once on `parameter_device`."""
     by_name = {_canonical(d): d for d in jax.devices()}
     devices = tuple(by_name[d] for d in extended.engine_devices)
     device_mesh = keras.distribution.DeviceMesh(
@@ -176,8 +179,8 @@ def create_engine(extended) -> JaxEngine:
     )
     mesh = device_mesh.backend_mesh
     parameter_sharding = None
-    if extended.central_parameter_device is not None:
-        parameter = by_name[extended.central_parameter_device]
+    if parameter_device is not None:
+        parameter = by_name[parameter_device]
         parameter_sharding = NamedSharding(Mesh(np.array([parameter]), (PARAMETER_AXIS,)), PartitionSpec())
         distribution = _CentralStorageDistribution(parameter_sharding, device_mesh=device_mesh, auto_shard_dataset=False)
     return JaxEngine(
@@ -186,7 +189,7 @@ def create_engine(extended) -> JaxEngine:
         distribution=distribution,
         compiler_options=compiler_options_for(extended.cross_device_ops),
         parameter_sharding=parameter_sharding,
-        steps_on_device=extended.runs_steps_on_device,
+        steps_on_device=steps_on_device,
     )
 
 
@@ -231,9 +234,21 @@ def _create_parameter_server_engine(extended) -> "ParameterServerEngine":
         mesh=device_mesh.backend_mesh,
         distribution=distribution,
         variables=record,
-        cluster=_parameter_servers.Cluster(extended._strategy),
+        cluster=_parameter_servers.Cluster(extended.container_strategy),
     )
     return engine
+
+
+#: EngineKind -> the function that builds its engine from the StrategyExtended.
+_ENGINES = {
+    EngineKind.LOCAL: _data_parallel_engine,
+    EngineKind.MULTI_WORKER: _data_parallel_engine,  # every worker's devices in one mesh
+    EngineKind.CENTRAL_STORAGE: lambda extended: _data_parallel_engine(
+        extended, parameter_device=extended.parameter_devices[0]
+    ),
+    EngineKind.TPU: lambda extended: _data_parallel_engine(extended, steps_on_device=True),
+    EngineKind.PARAMETER_SERVER: _create_parameter_server_engine,
+}
 
 
 def scope(engine: JaxEngine):

@@ -874,24 +874,6 @@ def create_coordinator(strategy) -> Cluster:
     return cluster
 
 
-def variable_parts(variable):
-    """None: the JAX engine's ps split a variable's rows themselves (Ray
-    actors), and the coordinator's Keras variable stays whole."""
-    return None
-
-
-def assign_on_ps(variable, value):
-    """None: on JAX a worker's writes are pushed to the ps actors with a
-    key each (applied once there), not written through Keras' assign."""
-    return None
-
-
-def apply_optimizer(optimizer, build, apply):
-    """`apply()` (which builds the optimizer itself): on JAX a worker's
-    `apply_gradients` is a keyed push to the ps actors (applied once there)."""
-    return apply()
-
-
 def schedule(coordinator: Cluster, fn, args, kwargs):
     return coordinator.schedule(fn, args, kwargs)
 
@@ -911,7 +893,7 @@ def done(coordinator: Cluster) -> bool:
 def create_per_worker_dataset(coordinator: Cluster, dataset_fn):
     import ray.cloudpickle as cloudpickle
 
-    from keras_dist._parameter_server import is_dataset_object
+    from keras_dist._input import is_dataset_object
 
     if is_dataset_object(dataset_fn):
         raise TypeError(
@@ -930,7 +912,7 @@ def create_per_worker_dataset(coordinator: Cluster, dataset_fn):
 
 def shutdown(strategy) -> None:
     """Stops the strategy's actors (tests; also at exit)."""
-    engine = strategy.extended._engine
+    engine = strategy.extended.engine_if_made
     if engine is not None and getattr(engine, "cluster", None) is not None:
         engine.cluster.shutdown()
 
@@ -1059,10 +1041,3 @@ def make_trainer_function(model, strategy, kind: str):
     cluster = cluster_of(strategy)
     cluster.register_model(model)
     return TrainStep(model)
-
-
-def create_server(cluster, job_name, task_index, protocol, config, start):
-    raise NotImplementedError(
-        "keras_dist.Server: on JAX, workers and parameter servers are Ray actors "
-        "the strategy starts; no server process is needed."
-    )

@@ -515,8 +515,3 @@ def distribute_values(engine, values):
         return JaxPerReplica(_place(engine, stacked), None, engine.num_replicas)
 
     return jax.tree_util.tree_map(stack, *values)
-
-
-def distribute_dataset_natively(engine, dataset, first_replica, kind, options):
-    """None: JAX has no dataset engine of its own (batches are split on the host)."""
-    return None

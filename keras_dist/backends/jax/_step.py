@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import jax
 
 from keras_dist import _heartbeat as heartbeat
+from keras_dist._engine_kind import EngineKind
 from keras_dist.backends.jax import _cluster, _engine, _replica_step
 from keras_dist.backends.jax._state import restore_after_failure
 
@@ -211,9 +212,7 @@ def _place_stacked(engine, stacked):
 def make_trainer_function(model, strategy, kind: str) -> Optional[Callable]:
     """Keras' ``{kind}_function`` for `model` under `strategy`, or None
     where Keras' own serves (eager or un-jitted models)."""
-    from keras_dist._parameter_server import ParameterServerStrategy
-
-    if isinstance(strategy, ParameterServerStrategy):
+    if strategy.extended.engine_kind is EngineKind.PARAMETER_SERVER:
         from keras_dist.backends.jax import _parameter_servers
 
         return _parameter_servers.make_trainer_function(model, strategy, kind)

@@ -20,6 +20,7 @@ from tensorflow.python.distribute import ps_values
 from tensorflow.python.eager import context as tf_context
 
 from keras_dist import _devices
+from keras_dist._engine_kind import EngineKind
 from keras_dist.cluster_resolver._validate import check_bindable
 from keras_dist._communication import did_not_join_error, exit_unless_joined, join_timeout_seconds
 from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
@@ -471,24 +472,45 @@ def _tf_cross_device_ops(ops):
 
 
 def create_engine(extended):
-    """The tf.distribute strategy for a keras_dist `StrategyExtended`."""
-    from keras_dist._parameter_server import ParameterServerStrategy
+    """The tf.distribute strategy for a keras_dist `StrategyExtended`, by its
+    `engine_kind`."""
+    return _ENGINES[extended.engine_kind](extended)
 
-    if isinstance(extended._strategy, ParameterServerStrategy):
-        from keras_dist.backends.tensorflow import _parameter_servers
 
-        return _parameter_servers.create_engine(extended)
+def _parameter_server_engine(extended):
+    from keras_dist.backends.tensorflow import _parameter_servers
+
+    return _parameter_servers.create_engine(extended)
+
+
+def _multi_worker_engine(extended):
+    """The process's MultiWorkerMirroredStrategy (made when the job joined
+    its cluster); one worker's job is a local one."""
     if len(extended.engine_devices) != len(extended.worker_devices):
         return _multi_worker["engine"]
-    if any(d.startswith("tpu:") for d in extended.worker_devices):
+    return _mirrored_engine(extended)
+
+
+def _tpu_engine(extended):
+    """tf's TPUStrategy on one worker's TPU cores; on CPU cores (the
+    simulated TPU of the tests) or several workers, MULTI_WORKER's engine."""
+    if len(extended.engine_devices) == len(extended.worker_devices) and any(
+        d.startswith("tpu:") for d in extended.worker_devices
+    ):
         initialize_tpu_system(extended.cluster_resolver)
         return _GlobalBatchTPUStrategy(_tpu_system["resolver"])
+    return _multi_worker_engine(extended)
+
+
+def _central_storage_engine(extended):
+    return _GlobalBatchCentralStorageStrategy(
+        compute_devices=[_tf_device(d) for d in extended.worker_devices],
+        parameter_device=_tf_device(extended.parameter_devices[0]),
+    )
+
+
+def _mirrored_engine(extended):
     devices = [_tf_device(d) for d in extended.worker_devices]
-    if extended.central_parameter_device is not None:
-        return _GlobalBatchCentralStorageStrategy(
-            compute_devices=devices,
-            parameter_device=_tf_device(extended.central_parameter_device),
-        )
     cross_device_ops = _tf_cross_device_ops(extended.cross_device_ops)
     # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
     # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's
@@ -506,6 +528,16 @@ def create_engine(extended):
         return engine_class(devices, cross_device_ops=cross_device_ops)
     finally:
         engine_class._collective_key_base = previous
+
+
+#: EngineKind -> the function that builds its engine from the StrategyExtended.
+_ENGINES = {
+    EngineKind.LOCAL: _mirrored_engine,
+    EngineKind.CENTRAL_STORAGE: _central_storage_engine,
+    EngineKind.MULTI_WORKER: _multi_worker_engine,
+    EngineKind.TPU: _tpu_engine,
+    EngineKind.PARAMETER_SERVER: _parameter_server_engine,
+}
 
 
 def owns_variable(engine, variable) -> bool:

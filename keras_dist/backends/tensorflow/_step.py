@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from keras_dist import _heartbeat as heartbeat
 from keras_dist import _moments, _shard
+from keras_dist._engine_kind import EngineKind
 from keras_dist.backends.tensorflow import _engine
 
 
@@ -216,9 +217,7 @@ def make_trainer_function(model, strategy, kind: str):
     Under a ParameterServerStrategy, "train" is the step the coordinator
     schedules, ``step(per_worker_iterator) -> logs``; evaluate and predict
     take Keras' own, run inline on the coordinator (None)."""
-    from keras_dist._parameter_server import ParameterServerStrategy
-
-    if isinstance(strategy, ParameterServerStrategy):
+    if strategy.extended.engine_kind is EngineKind.PARAMETER_SERVER:
         if kind != "train":
             return None
         from keras_dist.backends.tensorflow import _parameter_servers

@@ -1,0 +1,39 @@
+"""`EngineKind`: the one fact about a strategy that a backend adapter reads.
+
+Each `StrategyExtended` names the kind of engine it needs; each adapter
+keeps one table from kind to the function that builds that engine
+(`create_engine`), and never looks at strategy classes. Adding a strategy
+is one module in the core plus, where its engine is new, one entry in each
+adapter's table.
+
+```python
+from keras_dist._engine_kind import EngineKind
+
+strategy = keras_dist.MirroredStrategy(["cpu:0", "cpu:1"])
+assert strategy.extended.engine_kind is EngineKind.LOCAL
+```
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EngineKind(str, enum.Enum):
+    """What a strategy needs from the backend's engine."""
+
+    #: Replicas on this process's devices, each holding every variable
+    #: (OneDeviceStrategy, MirroredStrategy, the default strategy).
+    LOCAL = "local"
+    #: Replicas on this process's devices, every variable once on
+    #: `extended.parameter_devices[0]` (CentralStorageStrategy).
+    CENTRAL_STORAGE = "central_storage"
+    #: Replicas on every device of every worker process, synchronous
+    #: (MultiWorkerMirroredStrategy; one worker is LOCAL's engine).
+    MULTI_WORKER = "multi_worker"
+    #: MULTI_WORKER's replicas, with `steps_per_execution` batches run in one
+    #: on-device loop where the backend can (TPUStrategy).
+    TPU = "tpu"
+    #: Asynchronous workers, variables on parameter servers
+    #: (ParameterServerStrategy; an optional capability of an adapter).
+    PARAMETER_SERVER = "parameter_server"

@@ -96,8 +96,8 @@ demo: install-jax
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
-TEST_PARTS := test-jax-processes test-tensorflow-in-process test-tensorflow-processes test-tensorflow-in-process-late \
-	test-jax-in-process test-jax-with-tensorflow test-tensorflow-processes-late test-keras-min-tensorflow \
+TEST_PARTS := test-tensorflow-in-process test-jax-processes test-tensorflow-processes test-jax-in-process \
+	test-tensorflow-in-process-late test-jax-with-tensorflow test-tensorflow-processes-late test-keras-min-tensorflow \
 	test-keras-min-jax
 TEST_SLOTS := 4
 DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json

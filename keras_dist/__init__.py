@@ -41,26 +41,26 @@ _EXPORTS = {
     "InputContext": "keras_dist._input",
     "InputOptions": "keras_dist._input",
     "InputReplicationMode": "keras_dist._input",
-    "RunOptions": "keras_dist._strategy",
+    "RunOptions": "keras_dist.strategies._base",
     "compute_average_loss": "keras_dist._losses",
     "scale_regularization_loss": "keras_dist._losses",
     "ReduceOp": "keras_dist._reduce",
     "simulate_cpu_devices": "keras_dist._simulate",
     "ReplicaContext": "keras_dist._context",
-    "CentralStorageStrategy": "keras_dist._strategy",
-    "MirroredStrategy": "keras_dist._strategy",
-    "MultiWorkerMirroredStrategy": "keras_dist._strategy",
-    "OneDeviceStrategy": "keras_dist._strategy",
-    "ParameterServerStrategy": "keras_dist._parameter_server",
+    "CentralStorageStrategy": "keras_dist.strategies._mirrored",
+    "MirroredStrategy": "keras_dist.strategies._mirrored",
+    "MultiWorkerMirroredStrategy": "keras_dist.strategies._multi_worker",
+    "OneDeviceStrategy": "keras_dist.strategies._mirrored",
+    "ParameterServerStrategy": "keras_dist.strategies._parameter_server",
     "Server": "keras_dist._server",
-    "Strategy": "keras_dist._strategy",
-    "StrategyExtended": "keras_dist._strategy",
-    "TPUStrategy": "keras_dist._strategy",
-    "experimental_set_strategy": "keras_dist._strategy",
-    "get_replica_context": "keras_dist._strategy",
-    "get_strategy": "keras_dist._strategy",
-    "has_strategy": "keras_dist._strategy",
-    "in_cross_replica_context": "keras_dist._strategy",
+    "Strategy": "keras_dist.strategies._base",
+    "StrategyExtended": "keras_dist.strategies._base",
+    "TPUStrategy": "keras_dist.strategies._tpu",
+    "experimental_set_strategy": "keras_dist.strategies._default",
+    "get_replica_context": "keras_dist.strategies._default",
+    "get_strategy": "keras_dist.strategies._default",
+    "has_strategy": "keras_dist.strategies._default",
+    "in_cross_replica_context": "keras_dist.strategies._default",
     "DistributedValues": "keras_dist._values",
     "Mirrored": "keras_dist._values",
     "PerReplica": "keras_dist._values",
@@ -71,7 +71,7 @@ __all__ = sorted([*_EXPORTS, *_SUBPACKAGES])
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from keras_dist import callbacks, cluster_resolver, coordinator, experimental, tpu  # noqa: F401
-    from keras_dist._parameter_server import ParameterServerStrategy  # noqa: F401
+    from keras_dist.strategies._parameter_server import ParameterServerStrategy  # noqa: F401
     from keras_dist._server import Server  # noqa: F401
     from keras_dist._communication import CommunicationImplementation, CommunicationOptions, PeerWorkerError  # noqa: F401
     from keras_dist._context import ReplicaContext  # noqa: F401
@@ -91,21 +91,21 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from keras_dist._losses import compute_average_loss, scale_regularization_loss  # noqa: F401
     from keras_dist._reduce import ReduceOp  # noqa: F401
     from keras_dist._simulate import simulate_cpu_devices  # noqa: F401
-    from keras_dist._strategy import (  # noqa: F401
-        CentralStorageStrategy,
-        MirroredStrategy,
-        MultiWorkerMirroredStrategy,
-        OneDeviceStrategy,
-        RunOptions,
-        Strategy,
-        StrategyExtended,
-        TPUStrategy,
+    from keras_dist.strategies._base import RunOptions, Strategy, StrategyExtended  # noqa: F401
+    from keras_dist.strategies._default import (  # noqa: F401
         experimental_set_strategy,
         get_replica_context,
         get_strategy,
         has_strategy,
         in_cross_replica_context,
     )
+    from keras_dist.strategies._mirrored import (  # noqa: F401
+        CentralStorageStrategy,
+        MirroredStrategy,
+        OneDeviceStrategy,
+    )
+    from keras_dist.strategies._multi_worker import MultiWorkerMirroredStrategy  # noqa: F401
+    from keras_dist.strategies._tpu import TPUStrategy  # noqa: F401
     from keras_dist._values import DistributedValues, Mirrored, PerReplica  # noqa: F401
 
 

@@ -2,7 +2,7 @@
 
 The strategy stack is process-wide (replica threads of a TensorFlow
 MirroredStrategy must see it); the replica context is per thread. Only the
-functions below change either; `keras_dist._strategy` builds the public API
+functions below change either; `keras_dist.strategies` builds the public API
 on them.
 """
 

@@ -586,7 +586,7 @@ class DistributedDataset(metaclass=abc.ABCMeta):
 
     #: (the strategy that made this dataset, a function giving what
     #: `fit`/`evaluate`/`predict` train on in its place), as
-    #: `keras_dist._strategy._trains_as` marks the engine's own distributed
+    #: `keras_dist.strategies._arguments._trains_as` marks the engine's own distributed
     #: datasets (`keras_dist._hooks._distributed_input` reads both). The
     #: default strategy's: no maker.
     _keras_dist_trains_as: tuple = (None, None)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import keras
 
-from keras_dist import _strategy
+from keras_dist.strategies import _default
 
 
 def _replica_context(name: str):
-    context = _strategy.get_replica_context()
+    context = _default.get_replica_context()
     if context is None:
         raise ValueError(
             f"keras_dist.{name} must be called in replica context, i.e. "

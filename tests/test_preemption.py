@@ -196,7 +196,29 @@ def test_restore_on_construction_continues_training_exactly(tmp_path, mirrored):
     assert _same(second, uninterrupted)  # bitwise: the same computation, resumed
 
 
-def test_grace_period_saves_at_once_then_again_before_it_ends(tmp_path, mirrored):
+class _Clock:
+    """`time` for `_preemption`: `monotonic()` moves only when a run says
+    so, so the runs in a grace period do not depend on the machine's load
+    (on a loaded machine a real run took a third of the grace period)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+def test_grace_period_saves_at_once_then_again_before_it_ends(tmp_path, mirrored, monkeypatch):
+    """Runs of 0.1 s, a grace period of 2 s: saved at the notice, trained on
+    while more than tf's margin (6 mean runs: 0.6 s) is left, saved again
+    with 0.6 s left (14 runs later), then exit_fn."""
+    clock = _Clock()
+    monkeypatch.setattr(_preemption, "time", clock)
+
+    def step(model, x, y):
+        clock.now += 0.1
+        return _step(model, x, y)
+
     strategy = mirrored(2)
     model = _model(strategy)
     x, y = _data()
@@ -205,17 +227,17 @@ def test_grace_period_saves_at_once_then_again_before_it_ends(tmp_path, mirrored
     handler = keras_dist.experimental.PreemptionCheckpointHandler(None, model, tmp_path, config)
     store_save = handler._store.save
     handler._store.save = lambda runs, *rest: saved.append(runs) or store_save(runs, *rest)
-    for _ in range(10):  # the mean run time (its margin: 6 runs) past the first, compiling, run
-        handler.run(_step, model, x, y)
+    for _ in range(10):
+        handler.run(step, model, x, y)
     handler._take_notice()
-    start = time.monotonic()
+    notice_at = clock.now
     with pytest.raises(Stop):
-        while time.monotonic() - start < 30:
-            handler.run(_step, model, x, y)
-            time.sleep(0.02)
+        for _ in range(100):
+            handler.run(step, model, x, y)
     first, final = saved
-    assert first == 10 and final == handler.total_run_calls > first + 3  # trained on in between
-    assert 1 < time.monotonic() - start < 10 and calls == ["exit"]
+    assert first == 10 and final == handler.total_run_calls  # saved at the notice, then at the end
+    assert final - first == 14, saved  # trained on until 0.6 s (6 runs) of the 2 s were left
+    assert clock.now - notice_at == pytest.approx(1.4) and calls == ["exit"]
     assert os.listdir(tmp_path) == [f"ckpt-{final}.weights.h5"]  # the first one removed
 
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import keras_dist
-from keras_dist import _strategy
+from keras_dist.strategies import _mirrored
 from conftest import BACKEND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +51,7 @@ def test_one_device_mirrored_strategy_says_so_once():
 
 
 def test_no_note_with_several_devices_or_named_devices(caplog, monkeypatch):
-    monkeypatch.setattr(_strategy, "_noted_one_replica", False)
+    monkeypatch.setattr(_mirrored, "_noted_one_replica", False)
     with caplog.at_level(logging.INFO, logger="keras_dist"):
         assert keras_dist.MirroredStrategy().num_replicas_in_sync == 4
         keras_dist.MirroredStrategy(["cpu:0"])

@@ -43,7 +43,7 @@ _REFUSED = {
 
 
 def is_parameter_server(strategy: Any) -> bool:
-    from keras_dist._parameter_server import ParameterServerStrategy
+    from keras_dist.strategies._parameter_server import ParameterServerStrategy
 
     return isinstance(strategy, ParameterServerStrategy)
 
@@ -51,7 +51,7 @@ def is_parameter_server(strategy: Any) -> bool:
 def check_fit_arguments(model: Any, bound: dict) -> None:
     """Raises, naming the fix, for input `fit` under a ParameterServerStrategy
     cannot take; nothing changes before."""
-    from keras_dist._parameter_server import DatasetCreator
+    from keras_dist.strategies._parameter_server import DatasetCreator
 
     x = bound.get("x")
     if _is_tf_dataset(x):
@@ -96,7 +96,7 @@ def check_fit_arguments(model: Any, bound: dict) -> None:
 
 def _is_tf_dataset(x: Any) -> bool:
     """A tf.data.Dataset (not a function making one, nor a distributed dataset)."""
-    from keras_dist._parameter_server import is_dataset_object
+    from keras_dist.strategies._parameter_server import is_dataset_object
 
     return is_dataset_object(x) and hasattr(x, "take")
 
@@ -136,7 +136,7 @@ def fit(model: Any, strategy: Any, bound: dict) -> Any:
 
     from keras_dist._hooks._steps import _fully_built
     from keras_dist._input import InputContext
-    from keras_dist._parameter_server import call_dataset_fn
+    from keras_dist.strategies._parameter_server import call_dataset_fn
     from keras_dist.backends import get_adapter
     from keras_dist.coordinator import ClusterCoordinator
 

@@ -195,7 +195,7 @@ def _check_loss_scaling_supported(optimizer) -> None:
     """TensorFlow, CentralStorageStrategy: Keras' LossScaleOptimizer writes
     its scale inside a `cond` in replica context, which tf refuses for
     variables kept on one central device (plain tf.distribute too)."""
-    from keras_dist._strategy import CentralStorageStrategy
+    from keras_dist.strategies._mirrored import CentralStorageStrategy
     from keras_dist.backends import backend_name
 
     strategy = _context.current_strategy()

@@ -33,7 +33,7 @@ _ALIASES = {
 #: Names only tf.distribute.experimental has -> the module that defines them.
 _OWN = {
     "CollectiveHints": "keras_dist._communication",
-    "DatasetCreator": "keras_dist._parameter_server",
+    "DatasetCreator": "keras_dist.strategies._parameter_server",
     "PreemptionCheckpointHandler": "keras_dist._preemption",
     "TerminationConfig": "keras_dist._preemption",
     "ValueContext": "keras_dist._input",

@@ -9,7 +9,7 @@ Each method is a function of the module that owns the concern: `_engine`
 from __future__ import annotations
 
 from keras_dist.backends._base import BackendAdapter
-from keras_dist.backends.jax import _cluster, _engine, _parameter_servers, _replica, _replica_step, _step, _time
+from keras_dist.backends.jax import _cluster, _engine, _parameter_servers, _ray_runtime, _replica, _replica_step, _step, _time
 
 
 class JaxAdapter(BackendAdapter):
@@ -48,7 +48,7 @@ class JaxAdapter(BackendAdapter):
     sum_gradients_for_apply = staticmethod(_replica.sum_gradients_for_apply)
     global_moments = staticmethod(_replica_step.global_moments)
     # parameter servers
-    check_parameter_servers_supported = staticmethod(_parameter_servers.check_ray_installed)
+    check_parameter_servers_supported = staticmethod(_ray_runtime.check_ray_installed)
     create_coordinator = staticmethod(_parameter_servers.create_coordinator)
     schedule = staticmethod(_parameter_servers.schedule)
     fetch = staticmethod(_parameter_servers.fetch)

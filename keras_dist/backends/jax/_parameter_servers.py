@@ -27,23 +27,29 @@ over Ray actors (`_ray_actors`: `ParameterServer`, `Worker`).
 
 from __future__ import annotations
 
-import atexit
 import collections
-import contextlib
 import io
 import itertools
-import logging
 import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any, Optional
 
 import numpy as np
 
 from keras_dist import _heartbeat
+from keras_dist.backends.jax._ps_step import METRIC_DELTAS, TrainStep
+from keras_dist.backends.jax._ray_runtime import (
+    _LIVE_CLUSTERS,
+    _RAY_DOWN,
+    _actors,
+    _quiet_ray_start,
+    _ray,
+    _ray_is_up,
+    _register_exit_hook,
+)
 from keras_dist.coordinator import PerWorkerValues
 
 #: Seconds a worker or the coordinator waits for a parameter server
@@ -54,101 +60,6 @@ STARTUP_TIMEOUT_S = 300.0
 #: Times a worker slot starts a new actor after losing one.
 MAX_WORKER_RESTARTS = 2
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
-
-
-_NO_RAY = (
-    "ParameterServerStrategy on the JAX backend runs its workers and "
-    "parameter servers as Ray actors, and Ray is not installed: "
-    'pip install "keras-dist[ray]"'
-)
-
-
-def check_ray_installed() -> None:
-    """When the strategy is made: Ray is there to import (not imported yet:
-    that, and starting it, wait for the first use)."""
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
-        raise ImportError(_NO_RAY)
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError as error:
-        raise ImportError(_NO_RAY) from error
-    return ray
-
-
-def _ray_is_up() -> bool:
-    """Whether Ray is connected. Every call this module makes after Ray may
-    have stopped is guarded by it: Ray's `get`, `kill` and `.remote` start a
-    new local Ray when none is up (auto-init), which at interpreter exit
-    left a half-made driver that Ray's C++ exit handler tore down with
-    SIGSEGV."""
-    return _ray().is_initialized()
-
-
-_RAY_DOWN = (
-    "Ray was shut down after this ParameterServerStrategy started its actors, and its "
-    "workers and parameter servers went with it. Call coordinator.join() before "
-    "ray.shutdown(), and make a new strategy to train again."
-)
-
-class _DropRayNotice(logging.Filter):
-    """Ray's notice that it turned token authentication on by default
-    (authentication stays on; only the notice is dropped)."""
-
-    def filter(self, record):
-        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
-
-
-@contextlib.contextmanager
-def _quiet_ray_start():
-    """Starting the strategy's own local Ray without the notices a user
-    cannot act on: Ray's token-authentication notice, and JAX's warning that
-    `os.fork()` was called in a multithreaded process (Ray starts its
-    servers with subprocess, a fork followed at once by exec, which is
-    safe)."""
-    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    notice = _DropRayNotice()
-    logger.addFilter(notice)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-            yield
-    finally:
-        logger.removeFilter(notice)
-
-
-#: The started clusters, stopped by `_stop_clusters_at_exit` (weakly held).
-_LIVE_CLUSTERS: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
-_exit_hook_registered = False
-
-
-def _stop_clusters_at_exit() -> None:
-    for cluster in list(_LIVE_CLUSTERS):
-        cluster.shutdown()
-
-
-def _register_exit_hook() -> None:
-    """atexit runs hooks last-registered first, and Ray registers its own
-    shutdown when `ray` is imported; registered after that import, this
-    hook stops the clusters while Ray is still up. (A `weakref.finalize`
-    alone runs after Ray's shutdown whenever any finalizer existed before
-    `ray` was imported, e.g. a `tempfile.TemporaryDirectory`.)"""
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        _ray()
-        atexit.register(_stop_clusters_at_exit)
-        _exit_hook_registered = True
-
-
-def _actors():
-    _ray()
-    from keras_dist.backends.jax import _ray_actors
-
-    return _ray_actors
 
 
 # -- checks made when the engine is created (before any variable) -----------
@@ -918,118 +829,6 @@ def shutdown(strategy) -> None:
 
 
 # -- fit's step ---------------------------------------------------------------------
-
-
-#: The key under which fit's step returns its metric-variable changes.
-METRIC_DELTAS = "_keras_dist_metric_deltas"
-
-
-class TrainStep:
-    """`fit`'s training step for a ParameterServerStrategy on JAX:
-    ``step(per_worker_iterator) -> logs``, to be scheduled with
-    `ClusterCoordinator.schedule`. On the worker, `model.steps_per_execution`
-    times: it takes the next batch, computes the gradients with Keras'
-    stateless API on the pulled values, and pushes them (and the new
-    non-trainable values); it returns the last step's logs (the metrics of
-    that batch, as NumPy) and every step's metric changes."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def __call__(self, iterator):
-        from keras_dist.backends.jax import _ray_actors
-
-        runtime = _ray_actors.current_worker()
-        if runtime is None:
-            raise RuntimeError(
-                "This is fit's step for a ParameterServerStrategy: it runs on a worker. "
-                "Schedule it: coordinator.schedule(step, args=(per_worker_iterator,))."
-            )
-        model = self.model
-        copy = runtime.variable_owner[id(model.trainable_variables[0])] if model.trainable_variables else None
-        if copy is None:
-            raise ValueError("fit on a ParameterServerStrategy needs a model with trainable variables.")
-        program = _worker_program(model)
-        total = None
-        for step in range(int(getattr(model, "steps_per_execution", 1) or 1)):
-            if step:  # each step reads the variables as the ps hold them now, as tf's steps do
-                runtime.pull(copy)
-            data = next(iterator)
-            grads, non_trainable, (logs, deltas) = program(
-                [v.value for v in model.trainable_variables],
-                [v.value for v in model.non_trainable_variables],
-                data,
-            )
-            runtime.push_step(copy, grads, non_trainable)
-            # the step pushed its writes itself: nothing else changed
-            copy.pulled.update({copy.vid_of[id(v)]: v._value for v in copy.variables})
-            deltas = [np.asarray(d) for d in deltas]
-            total = deltas if total is None else [a + b for a, b in zip(total, deltas)]
-        result = {k: np.asarray(v) for k, v in logs.items()}  # the last step's
-        # These batches' change to every metric variable: the coordinator adds
-        # them into its metrics (`Cluster._finish`), as tf's metric variables
-        # on the ps get every worker's assign_add.
-        result[METRIC_DELTAS] = total
-        return result
-
-
-def _worker_program(model):
-    """The compiled gradient + metrics program of a worker's model copy."""
-    program = model.__dict__.get("_keras_dist_ps_program")
-    if program is not None:
-        return program
-    import jax
-    import keras
-
-    def metrics_state():
-        return [v.value for v in model.metrics_variables]
-
-    def step(trainable, non_trainable, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        optimizer_variables = [v.value for v in model.optimizer.variables] if model.optimizer is not None else []
-        grad_fn = jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)
-        (loss, aux), grads = grad_fn(
-            trainable, non_trainable, initial_metrics, x, y, sample_weight, training=True, optimizer_variables=optimizer_variables
-        )
-        if len(aux) == 4:
-            unscaled_loss, y_pred, non_trainable, metrics_variables = aux
-        else:  # older Keras: (y_pred, non_trainable, metrics)
-            y_pred, non_trainable, metrics_variables = aux
-            unscaled_loss = loss
-        logs, metrics_state_after = _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight)
-        deltas = [after - before for after, before in zip(metrics_state_after, initial_metrics)]
-        return grads, non_trainable, (logs, deltas)
-
-    built = {"done": False}
-    initial_metrics: list = []
-
-    def run(trainable, non_trainable, data):
-        nonlocal initial_metrics, compiled
-        if not built["done"]:
-            model._symbolic_build(data_batch=data)
-            model.reset_metrics()
-            initial_metrics = metrics_state()
-            compiled = step if model.run_eagerly else jax.jit(step)
-            built["done"] = True
-        return compiled(trainable, non_trainable, data)
-
-    compiled = None
-    model.__dict__["_keras_dist_ps_program"] = run
-    return run
-
-
-def _metrics_logs(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight):
-    """Keras' metrics update of a train step (stateless), for this batch."""
-    import keras
-    from keras.src.backend.common.stateless_scope import StatelessScope
-
-    with StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_variables))) as scope:
-        model._loss_tracker.update_state(
-            unscaled_loss, sample_weight=next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
-        )
-        logs = model.compute_metrics(x, y, y_pred, sample_weight)
-        state = [scope.get_current_value(v) for v in model.metrics_variables]
-    return logs, [v if v is not None else m for v, m in zip(state, metrics_variables)]
 
 
 def make_trainer_function(model, strategy, kind: str):

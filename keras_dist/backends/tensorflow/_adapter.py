@@ -10,7 +10,7 @@ loops), `_step` (fit's steps), `_time` (timing a collective), `_foreign`
 from __future__ import annotations
 
 from keras_dist.backends._base import BackendAdapter
-from keras_dist.backends.tensorflow import _engine, _foreign, _parameter_servers, _replica, _step, _time
+from keras_dist.backends.tensorflow import _cluster, _engine, _foreign, _parameter_servers, _replica, _step, _time
 
 
 class TensorFlowAdapter(BackendAdapter):
@@ -24,12 +24,12 @@ class TensorFlowAdapter(BackendAdapter):
     scope = staticmethod(_engine.scope)
     owns_variable = staticmethod(_engine.owns_variable)
     # multi-process jobs
-    initialize_multi_worker = staticmethod(_engine.initialize_multi_worker)
-    initialize_tpu_system = staticmethod(_engine.initialize_tpu_system)
-    is_multi_process = staticmethod(_engine.is_multi_process)
-    is_peer_failure = staticmethod(_engine.is_peer_failure)
-    values_from_chief = staticmethod(_engine.values_from_chief)
-    values_from_every_worker = staticmethod(_engine.values_from_every_worker)
+    initialize_multi_worker = staticmethod(_cluster.initialize_multi_worker)
+    initialize_tpu_system = staticmethod(_cluster.initialize_tpu_system)
+    is_multi_process = staticmethod(_cluster.is_multi_process)
+    is_peer_failure = staticmethod(_cluster.is_peer_failure)
+    values_from_chief = staticmethod(_cluster.values_from_chief)
+    values_from_every_worker = staticmethod(_cluster.values_from_every_worker)
     # input
     iterate_batches = staticmethod(_replica.iterate_batches)
     split_global_batch = staticmethod(_replica.split_global_batch)

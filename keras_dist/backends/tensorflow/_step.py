@@ -14,7 +14,7 @@ import tensorflow as tf
 from keras_dist import _heartbeat as heartbeat
 from keras_dist import _moments, _shard
 from keras_dist._engine_kind import EngineKind
-from keras_dist.backends.tensorflow import _engine
+from keras_dist.backends.tensorflow import _cluster
 
 
 def _host_device():
@@ -156,7 +156,7 @@ def make_predict_function(engine, predict_step, run_eagerly: bool):
 
     def one_batch(data):
         outputs = engine.run(replica_predict, args=(data,))
-        if engine is _engine.multi_worker_engine():  # every worker gets all rows
+        if engine is _cluster.multi_worker_engine():  # every worker gets all rows
             return tf.nest.map_structure(
                 lambda value: engine.gather(value, axis=0), outputs
             )

@@ -14,7 +14,6 @@ import keras
 ORIGINALS: dict = {}
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Hook:
     """One Keras function or method keras_dist wraps.
@@ -58,5 +57,3 @@ def patch(hook: Hook) -> None:
     wrapper.__keras_dist_original__ = original
     setattr(owner, name, wrapper)
     ORIGINALS[path] = original
-
-

@@ -96,7 +96,7 @@ def check_fit_arguments(model: Any, bound: dict) -> None:
 
 def _is_tf_dataset(x: Any) -> bool:
     """A tf.data.Dataset (not a function making one, nor a distributed dataset)."""
-    from keras_dist.strategies._parameter_server import is_dataset_object
+    from keras_dist._input import is_dataset_object
 
     return is_dataset_object(x) and hasattr(x, "take")
 

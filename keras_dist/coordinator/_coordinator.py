@@ -104,7 +104,8 @@ class ClusterCoordinator:
         with a `keras_dist.InputContext` if it takes an argument: one input
         pipeline, this worker's, as tf.distribute does). On TensorFlow a
         `tf.data.Dataset` is taken too: tf copies it to every worker."""
-        from keras_dist.strategies._parameter_server import call_dataset_fn, is_dataset_object
+        from keras_dist._input import is_dataset_object
+        from keras_dist.strategies._parameter_server import call_dataset_fn
 
         if is_dataset_object(dataset_fn):
             return get_adapter().create_per_worker_dataset(self._engine, dataset_fn)

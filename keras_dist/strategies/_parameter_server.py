@@ -12,7 +12,6 @@ from typing import Any, Callable, Optional
 
 from keras_dist import _foreign
 from keras_dist._engine_kind import EngineKind
-from keras_dist._input import is_dataset_object  # noqa: F401 - the coordinator's and fit's
 from keras_dist.strategies._base import Strategy, StrategyExtended
 from keras_dist.backends import get_adapter
 

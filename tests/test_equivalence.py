@@ -12,6 +12,7 @@ import pytest
 import keras_dist
 
 from _helpers import assert_fit_evaluate_predict_match, assert_same_logs, assert_same_weights, make_data, mlp, twin
+from conftest import BACKEND
 
 CASES = {
     # name: (num_samples, global batch size, batch_norm)
@@ -68,6 +69,32 @@ def test_on_batch_methods_match_single_device(mirrored, num_replicas):
     out = distributed.predict_on_batch(x[:7])
     assert out.shape == (7, 1)
     np.testing.assert_allclose(out, reference.predict_on_batch(x[:7]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function traces (XLA compiles per shape on JAX, as plain Keras does)")
+def test_every_batch_size_runs_one_trace_of_each_step(mirrored):
+    """fit, evaluate and predict with a partial last batch, then the
+    on-batch methods on four sizes: each distributed step is traced once
+    per structure of its batch (with reduce_retracing alone, a partial batch
+    traced every replica's graph a second time), and the results stay the
+    one-device run's."""
+    x, y = make_data(203)
+    reference, distributed = twin(mirrored(4), batch_norm=True)
+    assert_fit_evaluate_predict_match(reference, distributed, x, y, 16, epochs=1)
+
+    def traces():
+        return {
+            "train": distributed.train_function.one_step.function.experimental_get_tracing_count(),
+            "test": distributed.test_function.one_step.function.experimental_get_tracing_count(),
+            "predict": distributed.predict_function.one_batch.function.experimental_get_tracing_count(),
+        }
+
+    assert traces() == {"train": 1, "test": 1, "predict": 1}
+    for start, stop in [(0, 10), (10, 17), (17, 18), (18, 40)]:
+        logs_ref = reference.train_on_batch(x[start:stop], y[start:stop], return_dict=True)
+        assert_same_logs(logs_ref, distributed.train_on_batch(x[start:stop], y[start:stop], return_dict=True), atol=1e-5)
+    assert_same_weights(reference, distributed)
+    assert traces() == {"train": 2, "test": 1, "predict": 1}  # (x, y, None): Keras adds the sample weight
 
 
 def test_batchnorm_uses_global_batch_statistics(mirrored):

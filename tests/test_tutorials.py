@@ -228,5 +228,14 @@ def test_tensorflow_parameter_server_tutorial(tmp_path):
     if BACKEND == "tensorflow":
         assert report["embedding_shards"] == 2  # MinSizePartitioner split it over the 2 ps
         assert report["loop_iterations"] == 21
-        # it learns: above the 0.63 of always answering "no" (the labels are random draws)
-        assert report["loop_accuracy"] > 0.75 and np.isfinite(report["loop_final_loss"])
+        # It learns: every variable moved, and the trained model tells the
+        # rows apart by the feature that decides their label (P("no") with
+        # "avenger" well below P("no") without; untrained, the two are equal).
+        # Not the printed accuracy: RMSprop's lr=0.1 on asynchronous steps
+        # swings an epoch's accuracy (0.46-1.0 in runs here, 0.72 on CI
+        # after four epochs), while the model after the loop separated the
+        # rows (0.0 and 1.0) in every run.
+        assert report["loop_variables_changed"] == [True] * 4, report["loop_variables_changed"]
+        assert report["loop_p_no_without_avenger"] - report["loop_p_no_with_avenger"] > 0.25, report
+        assert len(report["loop_epoch_accuracy"]) == 4
+        assert np.isfinite(report["loop_final_loss"])

@@ -243,6 +243,7 @@ if BACKEND == "tensorflow":
         accuracy = keras.metrics.Accuracy()
 
     report["embedding_shards"] = len(model.layers[1].trainable_weights) if hasattr(model.layers[1], "trainable_weights") else None
+    initial_values = [np.array(v.numpy()) for v in model.trainable_variables]  # not the tutorial
 
     @tf.function
     def step_fn(iterator):
@@ -284,12 +285,22 @@ if BACKEND == "tensorflow":
         # Wait at epoch boundaries.
         coordinator.join()
         print("Finished epoch %d, accuracy is %f." % (i, accuracy.result().numpy()))
+        report.setdefault("loop_epoch_accuracy", []).append(float(accuracy.result().numpy()))
 
     loss = coordinator.schedule(step_fn, args=(per_worker_iterator,))
     print("Final loss is %f" % loss.fetch())
     report["loop_iterations"] = int(optimizer.iterations.numpy())
     report["loop_accuracy"] = float(accuracy.result().numpy())
     report["loop_final_loss"] = float(loss.fetch())
+    # Not the tutorial: what the loop did to the model, read on the coordinator.
+    report["loop_variables_changed"] = [
+        not np.array_equal(before, v.numpy()) for before, v in zip(initial_values, model.trainable_variables)
+    ]
+    rows = feature_preprocess_stage({"features": tf.constant(examples["features"])})
+    no = keras.ops.convert_to_numpy(model({"features": rows}))[:, 0]  # P("no"): label id 1
+    avenger = np.array(["avenger" in features for features in examples["features"]])
+    report["loop_p_no_with_avenger"] = float(no[avenger].mean())
+    report["loop_p_no_without_avenger"] = float(no[~avenger].mean())
 
 # Not the tutorial: once a ClusterCoordinator has connected this process to
 # the cluster, a MirroredStrategy of this process's own devices (TF listed

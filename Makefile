@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
-	test-keras-min-tensorflow test-stress test-faults bench clean
+	test-keras-min-tensorflow test-stress test-faults test-zoo bench clean
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -150,7 +150,7 @@ durations:
 # input or TensorBoard on JAX) are skipped here, naming the next target.
 JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) KERAS_BACKEND=jax \
 	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 \
-	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults$(2)" tests
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not zoo$(2)" tests
 
 test-jax: test-jax-in-process test-jax-processes
 
@@ -173,7 +173,7 @@ TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/t
 TF_PROCESSES_LATE := tests/test_docs.py
 TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
-	  -m "not stress and not faults and $(2)" $(3)
+	  -m "not stress and not faults and not zoo and $(2)" $(3)
 
 test-tensorflow: test-tensorflow-in-process test-tensorflow-in-process-late test-tensorflow-processes \
 	test-tensorflow-processes-late
@@ -211,6 +211,14 @@ endef
 # 3-4 on 2 cores; see tests/test_stress.py).
 test-stress: install
 	$(call both-backends,stress,tests/test_stress.py -m stress)
+
+# Real models nobody on the team wrote (tests/test_zoo.py: keras.applications'
+# MobileNetV2, 155 layers), under the strategies that split a batch, against
+# one device; both backends side by side (CI runs it after `make test`:
+# compiling the application for each strategy costs 4.7 CPU-min, mostly
+# TensorFlow's tracing of every replica).
+test-zoo: install
+	$(call both-backends,zoo,tests/test_zoo.py -m zoo)
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a

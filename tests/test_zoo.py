@@ -1,7 +1,7 @@
 """A model nobody on the team wrote: `keras.applications.MobileNetV2`, as
 Keras ships it (depthwise and pointwise convolutions, 52 BatchNormalization
 layers, ReLU6, global pooling, a softmax head), trained under the strategies
-of one process that split a batch against the same model on one device.
+of one process against the same model on one device.
 
 Small images and a narrow network (alpha=0.35, 32x32x3, 10 classes) keep
 it a test; the layers and their wiring are the application's own. The
@@ -27,10 +27,11 @@ import pytest
 
 import keras_dist
 
-#: The in-process strategies that split a batch (one device is the
-#: reference path itself; multi-worker and parameter-server jobs train
-#: their own models in tests/test_multi_worker.py, test_parameter_server.py).
+#: The strategies of one process (multi-worker and parameter-server jobs
+#: train their own models in tests/test_multi_worker.py and
+#: test_parameter_server.py).
 STRATEGIES = {
+    "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
     "mirrored-3": lambda: keras_dist.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"]),
     "central-storage-2": lambda: keras_dist.CentralStorageStrategy(["cpu:0", "cpu:1"]),
 }

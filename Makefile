@@ -77,9 +77,10 @@ demo: install-jax
 # Each backend runs in its own pytest processes (the backend is fixed per
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
 # `".[tensorflow]"` gives it. The venvs are built first (the two
-# single-backend ones side by side, then their union: .test-logs/venvs.log). Then the suite runs as TEST_PARTS, one pytest run
-# each, four at a time (tests/run_parts.py): longest first, each part
-# starting as soon as a slot is free, so the four slots end together
+# single-backend ones side by side, then their union: .test-logs/venvs.log).
+# Then the suite runs as TEST_PARTS, one pytest run each, four at a time
+# (tests/run_parts.py): longest first, each part starting as soon as a slot
+# is free, so the four slots end together
 # whatever the parts' lengths become (a fixed list per stream cannot follow
 # them: in the last fixed layout one stream ended 220 s after another).
 # Each part writes its own log, printed when all are done; every part runs,
@@ -213,10 +214,10 @@ test-stress: install
 	$(call both-backends,stress,tests/test_stress.py -m stress)
 
 # Real models nobody on the team wrote (tests/test_zoo.py: keras.applications'
-# MobileNetV2, 155 layers), under the strategies that split a batch, against
-# one device; both backends side by side (CI runs it after `make test`:
-# compiling the application for each strategy costs 4.7 CPU-min, mostly
-# TensorFlow's tracing of every replica).
+# MobileNetV2, 155 layers), under OneDevice, Mirrored and CentralStorage,
+# against one device; both backends side by side (CI runs it after `make
+# test`: compiling the application for each strategy costs about 4 CPU-min,
+# mostly TensorFlow's tracing of every replica).
 test-zoo: install
 	$(call both-backends,zoo,tests/test_zoo.py -m zoo)
 

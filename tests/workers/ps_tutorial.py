@@ -290,7 +290,6 @@ if BACKEND == "tensorflow":
     loss = coordinator.schedule(step_fn, args=(per_worker_iterator,))
     print("Final loss is %f" % loss.fetch())
     report["loop_iterations"] = int(optimizer.iterations.numpy())
-    report["loop_accuracy"] = float(accuracy.result().numpy())
     report["loop_final_loss"] = float(loss.fetch())
     # Not the tutorial: what the loop did to the model, read on the coordinator.
     report["loop_variables_changed"] = [

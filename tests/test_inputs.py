@@ -416,3 +416,33 @@ def test_tf_data_module_docstring_examples_run():
     from keras_dist import _tf_data
 
     _doctests_pass(_tf_data)
+
+
+@pytest.mark.needs_tensorflow
+@pytest.mark.parametrize("strategy_name", list(_STRATEGIES))
+@pytest.mark.parametrize("built", [True, False], ids=["eager", "lazy"])
+def test_a_reshuffling_tf_data_input_gives_every_epoch_one_devices_order(strategy_name, built):
+    """`fit` on `Dataset.shuffle(...)` (reshuffled each epoch) with an
+    optimizer not yet built (the tf-docs Keras tutorial): Keras' TensorFlow
+    trainer, under a strategy only, drew a batch from a fresh iterator to
+    build, so the first epoch got the dataset's second order and training
+    was not one device's (found by tests/test_tutorials.py's tutorial)."""
+    import tensorflow as tf
+
+    x, y = make_data(_ROWS, seed=5)
+    y = y.reshape(-1, 1).astype("float32")
+
+    def train(strategy):
+        keras.utils.set_random_seed(11)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(_ROWS).batch(_GLOBAL)
+        with strategy.scope():
+            model = _sequential(built)
+            model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
+        history = model.fit(dataset, epochs=2, verbose=0)
+        return model, history.history
+
+    reference, expected = train(keras_dist.get_strategy())
+    model, history = train(_STRATEGIES[strategy_name]())
+    assert_same_weights(reference, model, atol=1e-6)
+    for key in expected:
+        np.testing.assert_allclose(history[key], expected[key], rtol=1e-6, atol=1e-7, err_msg=key)

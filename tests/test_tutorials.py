@@ -16,6 +16,15 @@ strategy and under one device (the default strategy) and must match.
   `steps_per_execution`, a custom loop whose RMSprop Keras builds inside
   the first scheduled function (both backends; the custom loop, TensorFlow
   code, on TensorFlow).
+- tensorflow.org `tutorials/distribute/keras`: MirroredStrategy over all
+  local devices, a reshuffling tf.data input into `fit` with TensorBoard,
+  ModelCheckpoint, LearningRateScheduler and a custom callback, then
+  `.keras` save and load outside and inside the scope (both backends; on
+  JAX with TensorFlow installed, for tf.data).
+- keras-io `guides/distributed_training_with_tensorflow.py`: `fit` and
+  `evaluate` inside a MirroredStrategy's scope on tf.data, then its
+  ModelCheckpoint resume recipe (`.keras` loaded inside the scope); both
+  backends, as above.
 """
 
 import json
@@ -239,3 +248,404 @@ def test_tensorflow_parameter_server_tutorial(tmp_path):
         assert report["loop_p_no_without_avenger"] - report["loop_p_no_with_avenger"] > 0.25, report
         assert len(report["loop_epoch_accuracy"]) == 4
         assert np.isfinite(report["loop_final_loss"])
+
+
+def _mnist_like(num_examples, seed):
+    """Stand-in for tfds' MNIST (no downloads here): uint8 28x28x1 images
+    whose label is the brightest of ten 28-pixel bands, so a small CNN learns it."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, num_examples)
+    images = rng.integers(0, 120, (num_examples, 28, 28, 1))
+    rows = np.arange(28)[None, :] // 3  # bands 0..9 (the last row joins band 9)
+    images = images + 40 * (np.minimum(rows, 9)[:, :, None, None] == labels[:, None, None, None]).transpose(0, 1, 3, 2)
+    return images.astype("uint8"), labels.astype("int64")
+
+
+@pytest.mark.needs_tensorflow
+def test_tensorflow_keras_tutorial(tmp_path, capsys):
+    """tensorflow.org `tutorials/distribute/keras` as written (renamed;
+    tfds' MNIST replaced by `_mnist_like`: 1001 training images, so the
+    last global batch of 4 x 64 is partial and splits unevenly): a
+    MirroredStrategy over all local devices, a tf.data pipeline given to
+    `fit`, TensorBoard, ModelCheckpoint, LearningRateScheduler and the
+    tutorial's PrintLR callback over 12 epochs of Adam, the last checkpoint
+    loaded and evaluated, the model saved as `.keras` and loaded back both
+    outside the scope and inside it. The same program under the default
+    strategy (one device) on the same global batch must give the same
+    numbers."""
+    import pathlib
+
+    import tensorflow as tf
+
+    (train_images, train_labels), (test_images, test_labels) = _mnist_like(1001, 0), _mnist_like(300, 1)
+
+    def tutorial(strategy, workdir, batch_replicas):
+        os.chdir(workdir)
+        keras.utils.set_random_seed(7)  # the tutorial's unseeded shuffle and init, made repeatable
+        mnist_train = tf.data.Dataset.from_tensor_slices((train_images, train_labels))
+        mnist_test = tf.data.Dataset.from_tensor_slices((test_images, test_labels))
+        print("Number of devices: {}".format(strategy.num_replicas_in_sync))
+        BUFFER_SIZE = 10000
+        BATCH_SIZE_PER_REPLICA = 64
+        BATCH_SIZE = BATCH_SIZE_PER_REPLICA * batch_replicas  # the tutorial's strategy.num_replicas_in_sync
+
+        def scale(image, label):
+            image = tf.cast(image, tf.float32)
+            image /= 255
+            return image, label
+
+        train_dataset = mnist_train.map(scale).cache().shuffle(BUFFER_SIZE).batch(BATCH_SIZE)
+        eval_dataset = mnist_test.map(scale).batch(BATCH_SIZE)
+        with strategy.scope():
+            model = keras.Sequential([
+                keras.layers.Conv2D(32, 3, activation="relu", input_shape=(28, 28, 1)),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(10),
+            ])
+            model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          optimizer=keras.optimizers.Adam(learning_rate=0.001),
+                          metrics=["accuracy"])
+        checkpoint_dir = "./training_checkpoints"
+        checkpoint_prefix = os.path.join(checkpoint_dir, "ckpt_{epoch:04d}.weights.h5")
+
+        def decay(epoch):
+            if epoch < 3:
+                return 1e-3
+            elif epoch >= 3 and epoch < 7:
+                return 1e-4
+            else:
+                return 1e-5
+
+        class PrintLR(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                print("\nLearning rate for epoch {} is {}".format(epoch + 1, model.optimizer.learning_rate.numpy()))
+
+        callbacks = [
+            keras.callbacks.TensorBoard(log_dir="./logs"),
+            keras.callbacks.ModelCheckpoint(filepath=checkpoint_prefix, save_weights_only=True),
+            keras.callbacks.LearningRateScheduler(decay),
+            PrintLR(),
+        ]
+        EPOCHS = 12
+        history = model.fit(train_dataset, epochs=EPOCHS, callbacks=callbacks, verbose=0)
+        trained = model.get_weights()
+        checkpoints = sorted(p.name for p in pathlib.Path(checkpoint_dir).glob("*"))
+        latest_checkpoint = sorted(pathlib.Path(checkpoint_dir).glob("*"))[-1]
+        model.load_weights(latest_checkpoint)
+        evaluated = model.evaluate(eval_dataset, verbose=0)
+        path = "my_model.keras"
+        model.save(path)
+        unreplicated_model = keras.models.load_model(path)
+        unreplicated_model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                   optimizer=keras.optimizers.Adam(), metrics=["accuracy"])
+        unreplicated = unreplicated_model.evaluate(eval_dataset, verbose=0)
+        with strategy.scope():
+            replicated_model = keras.models.load_model(path)
+            replicated_model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                     optimizer=keras.optimizers.Adam(), metrics=["accuracy"])
+            replicated = replicated_model.evaluate(eval_dataset, verbose=0)
+        logs = sorted(str(p.relative_to("logs")) for p in pathlib.Path("logs").rglob("*") if p.is_file())
+        return history.history, trained, checkpoints, evaluated, unreplicated, replicated, logs
+
+    here = os.getcwd()
+    try:
+        (tmp_path / "one").mkdir()
+        (tmp_path / "all").mkdir()
+        strategy = keras_dist.MirroredStrategy()
+        expected = tutorial(keras_dist.get_strategy(), tmp_path / "one", strategy.num_replicas_in_sync)
+        one_device_output = capsys.readouterr().out
+        got = tutorial(strategy, tmp_path / "all", strategy.num_replicas_in_sync)
+        output = capsys.readouterr().out
+    finally:
+        os.chdir(here)
+    history, trained, checkpoints, evaluated, unreplicated, replicated, logs = got
+    assert "Number of devices: 4" in output and "Number of devices: 1" in one_device_output
+    # the callbacks ran on every epoch, with the schedule's rates
+    rates = [float(line.rsplit(" ", 1)[1]) for line in output.splitlines() if line.startswith("Learning rate for epoch")]
+    np.testing.assert_allclose(rates, [1e-3] * 3 + [1e-4] * 4 + [1e-5] * 5, rtol=1e-6)
+    assert checkpoints == [f"ckpt_{epoch:04d}.weights.h5" for epoch in range(1, 13)]
+    assert any(name.startswith("train") for name in logs), logs  # TensorBoard wrote the training events
+    # it learns, and it is one device's training
+    assert history["accuracy"][-1] > 0.7 > 0.2 > history["accuracy"][0], history["accuracy"]
+    for key in history:
+        np.testing.assert_allclose(history[key], expected[0][key], rtol=1e-4, atol=1e-5, err_msg=key)
+    for a, b in zip(trained, expected[1]):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    # the loaded checkpoint and both loaded .keras models evaluate as trained
+    np.testing.assert_allclose(evaluated, expected[3], rtol=1e-5)
+    np.testing.assert_allclose(unreplicated, evaluated, rtol=1e-5)
+    np.testing.assert_allclose(replicated, evaluated, rtol=1e-5)
+
+
+@pytest.mark.needs_tensorflow
+def test_keras_io_tensorflow_guide(tmp_path, capsys):
+    """keras-io `guides/distributed_training_with_tensorflow.py` as written
+    (renamed; its `KERAS_BACKEND` line dropped, MNIST replaced by
+    `_mnist_like` flattened: 501 training rows in batches of 32, so the
+    last is partial and uneven over 4 replicas, and 100 validation rows
+    instead of 10000): `fit` with validation and `evaluate` inside the
+    scope of a MirroredStrategy over all local devices, then its fault
+    tolerance recipe: `run_training` twice, the second restoring the model
+    from the first's `.keras` checkpoint inside the scope. The same program
+    under the default strategy must give the same numbers."""
+    import tensorflow as tf
+
+    images, labels = _mnist_like(601 + 200, 2)
+
+    def guide(make_strategy, workdir):
+        os.chdir(workdir)
+        keras.utils.set_random_seed(5)
+
+        def get_compiled_model():
+            inputs = keras.Input(shape=(784,))
+            x = keras.layers.Dense(256, activation="relu")(inputs)
+            x = keras.layers.Dense(256, activation="relu")(x)
+            outputs = keras.layers.Dense(10)(x)
+            model = keras.Model(inputs, outputs)
+            model.compile(
+                optimizer=keras.optimizers.Adam(),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=[keras.metrics.SparseCategoricalAccuracy()],
+            )
+            return model
+
+        def get_dataset():
+            batch_size = 32
+            num_val_samples = 100
+            (x_train, y_train), (x_test, y_test) = (images[:601], labels[:601]), (images[601:], labels[601:])
+            x_train = x_train.reshape(-1, 784).astype("float32") / 255
+            x_test = x_test.reshape(-1, 784).astype("float32") / 255
+            y_train = y_train.astype("float32")
+            y_test = y_test.astype("float32")
+            x_val = x_train[-num_val_samples:]
+            y_val = y_train[-num_val_samples:]
+            x_train = x_train[:-num_val_samples]
+            y_train = y_train[:-num_val_samples]
+            return (
+                tf.data.Dataset.from_tensor_slices((x_train, y_train)).batch(batch_size),
+                tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(batch_size),
+                tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(batch_size),
+            )
+
+        strategy = make_strategy()
+        print("Number of devices: {}".format(strategy.num_replicas_in_sync))
+        with strategy.scope():
+            model = get_compiled_model()
+            train_dataset, val_dataset, test_dataset = get_dataset()
+            history = model.fit(train_dataset, epochs=2, validation_data=val_dataset)
+            evaluated = model.evaluate(test_dataset)
+
+        checkpoint_dir = "./ckpt"
+        if not os.path.exists(checkpoint_dir):
+            os.makedirs(checkpoint_dir)
+
+        def make_or_restore_model():
+            checkpoints = [checkpoint_dir + "/" + name for name in os.listdir(checkpoint_dir)]
+            if checkpoints:
+                latest_checkpoint = max(checkpoints, key=os.path.getctime)
+                print("Restoring from", latest_checkpoint)
+                return keras.models.load_model(latest_checkpoint)
+            print("Creating a new model")
+            return get_compiled_model()
+
+        resumed = []
+
+        def run_training(epochs=1):
+            strategy = make_strategy()
+            with strategy.scope():
+                model = make_or_restore_model()
+                callbacks = [keras.callbacks.ModelCheckpoint(filepath=checkpoint_dir + "/ckpt-{epoch}.keras", save_freq="epoch")]
+                model.fit(train_dataset, epochs=epochs, callbacks=callbacks, validation_data=val_dataset, verbose=2)
+            resumed.append(model)
+
+        run_training(epochs=1)
+        run_training(epochs=1)
+        final = resumed[-1]
+        return history.history, evaluated, model.get_weights(), final.get_weights(), int(final.optimizer.iterations.numpy())
+
+    here = os.getcwd()
+    try:
+        (tmp_path / "one").mkdir()
+        (tmp_path / "all").mkdir()
+        expected = guide(keras_dist.get_strategy, tmp_path / "one")
+        capsys.readouterr()
+        got = guide(keras_dist.MirroredStrategy, tmp_path / "all")
+        output = capsys.readouterr().out
+    finally:
+        os.chdir(here)
+    assert output.count("Number of devices: 4") == 1
+    assert "Creating a new model" in output and "Restoring from ./ckpt/ckpt-1.keras" in output
+    history, evaluated, weights, resumed_weights, iterations = got
+    assert iterations == 2 * 16  # the restored model carries on: 16 batches per epoch, two epochs
+    assert history["sparse_categorical_accuracy"][-1] > 0.3, history  # it learns (10 classes)
+    for key in history:
+        np.testing.assert_allclose(history[key], expected[0][key], rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(evaluated, expected[1], rtol=1e-5)
+    for a, b in zip(weights + resumed_weights, expected[2] + expected[3]):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the tutorial's steps are tf.function code")
+def test_tensorflow_input_tutorial(capfd):
+    """tensorflow.org `tutorials/distribute/input` as written (renamed; its
+    cell that makes 2 logical CPUs is left out: the suite's 4 are made
+    already), every cell that distributes input: `experimental_distribute_
+    dataset` and `distribute_datasets_from_function` iterated by `for`, by
+    `iter`/`next` per epoch, by `get_next_as_optional` inside a
+    `tf.function`, a `tf.function` with the distributed dataset's
+    `element_spec` as its signature, a Keras preprocessing layer made in the
+    scope and mapped in the dataset function, the predict-with-index
+    recipe, `experimental_distribute_values_from_function`, and a
+    `from_generator` dataset. Each cell's values are checked."""
+    import tensorflow as tf
+
+    def parts(per_replica):
+        return [np.asarray(t) for t in mirrored_strategy.experimental_local_results(per_replica)]
+
+    global_batch_size = 16
+    mirrored_strategy = keras_dist.MirroredStrategy()
+    assert mirrored_strategy.num_replicas_in_sync == 4
+    dataset = tf.data.Dataset.from_tensors(([1.0], [1.0])).repeat(100).batch(global_batch_size)
+    dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
+    features, labels = next(iter(dist_dataset))
+    assert [p.shape for p in parts(features)] == [(4, 1)] * 4
+
+    def dataset_fn(input_context):
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        dataset = tf.data.Dataset.from_tensors(([1.0], [1.0])).repeat(64).batch(16)
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        dataset = dataset.batch(batch_size)
+        dataset = dataset.prefetch(2)
+        return dataset
+
+    dist_dataset_fn = mirrored_strategy.distribute_datasets_from_function(dataset_fn)
+    features, _ = next(iter(dist_dataset_fn))
+    # batch(16) then batch(4) of 64 rows: one element, replica 0's; the
+    # others get empty batches (tf's own distributed dataset does the same)
+    assert [p.shape for p in parts(features)] == [(4, 16, 1)] + [(0, 0, 1)] * 3
+
+    @tf.function
+    def train_step(inputs):
+        features, labels = inputs
+        return labels - 0.3 * features
+
+    losses = []
+    for x in dist_dataset:
+        loss = mirrored_strategy.run(train_step, args=(x,))
+        losses.append(np.concatenate(parts(loss)))
+    assert [len(loss) for loss in losses] == [16] * 6 + [4]  # 100 rows: six full global batches and 4 rows
+    np.testing.assert_allclose(np.concatenate(losses), 0.7, rtol=1e-6)
+
+    num_epochs, steps_per_epoch, count = 10, 5, 0
+    for epoch in range(num_epochs):
+        dist_iterator = iter(dist_dataset)
+        for step in range(steps_per_epoch):
+            loss = mirrored_strategy.run(train_step, args=(next(dist_iterator),))
+            count += sum(len(p) for p in parts(loss))
+    assert count == num_epochs * steps_per_epoch * 16
+
+    global_batch_size = 4
+    steps_per_loop = 5
+    strategy = keras_dist.MirroredStrategy()
+    dataset = tf.data.Dataset.range(9).batch(global_batch_size)
+    distributed_iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    capfd.readouterr()
+
+    @tf.function
+    def train_fn(distributed_iterator):
+        for _ in tf.range(steps_per_loop):
+            optional_data = distributed_iterator.get_next_as_optional()
+            if not optional_data.has_value():
+                break
+            per_replica_results = strategy.run(lambda x: x, args=(optional_data.get_value(),))
+            tf.print(strategy.experimental_local_results(per_replica_results))
+
+    train_fn(distributed_iterator)
+    printed = capfd.readouterr().err.strip().splitlines()
+    assert printed == ["([0], [1], [2], [3])", "([4], [5], [6], [7])", "([8], [], [], [])"], printed
+
+    global_batch_size, epochs, steps_per_epoch = 16, 5, 5
+    dataset = tf.data.Dataset.from_tensors(([1.0], [1.0])).repeat(100).batch(global_batch_size)
+    dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
+
+    @tf.function(input_signature=[dist_dataset.element_spec])
+    def signed_train_step(per_replica_inputs):
+        def step_fn(inputs):
+            return 2 * inputs
+
+        return mirrored_strategy.run(step_fn, args=(per_replica_inputs,))
+
+    rows = 0
+    for _ in range(epochs):
+        iterator = iter(dist_dataset)
+        for _ in range(steps_per_epoch):
+            output = signed_train_step(next(iterator))
+            # `2 * inputs` of the (features, labels) tuple repeats the tuple
+            assert len(output) == 4
+            rows += sum(len(p) for p in parts(output[0]))
+            np.testing.assert_array_equal(np.concatenate([np.concatenate(parts(o)) for o in output]), 1.0)
+    assert rows == epochs * steps_per_epoch * 16
+
+    vocab = ["a", "b", "c", "d", "f"]
+    with strategy.scope():
+        layer = keras.layers.StringLookup(vocabulary=vocab)
+
+    def kpl_dataset_fn(input_context):
+        dataset = tf.data.Dataset.from_tensor_slices(["a", "c", "e"]).repeat()
+        global_batch_size = 4
+        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        dataset = dataset.batch(batch_size)
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+
+        def preprocess_with_kpl(input):
+            return layer(input)
+
+        return dataset.map(preprocess_with_kpl)
+
+    distributed_dataset_iterator = iter(strategy.distribute_datasets_from_function(kpl_dataset_fn))
+    looked_up = [np.concatenate(parts(next(distributed_dataset_iterator))) for _ in range(3)]
+    np.testing.assert_array_equal(np.concatenate(looked_up), [1, 3, 0] * 4)  # "e" is out of vocabulary
+
+    dataset_size, batch_size = 24, 6
+    dataset = tf.data.Dataset.range(dataset_size).enumerate().batch(batch_size)
+    dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
+
+    def predict(index, inputs):
+        outputs = 2 * inputs
+        return index, outputs
+
+    result = {}
+    for index, inputs in dist_dataset:
+        output_index, outputs = mirrored_strategy.run(predict, args=(index, inputs))
+        indices = list(mirrored_strategy.experimental_local_results(output_index))
+        rindices = []
+        for a in indices:
+            rindices.extend(a.numpy())
+        outputs = list(mirrored_strategy.experimental_local_results(outputs))
+        routputs = []
+        for a in outputs:
+            routputs.extend(a.numpy())
+        for i, value in zip(rindices, routputs):
+            result[i] = value
+    assert result == {i: 2 * i for i in range(dataset_size)}
+
+    def value_fn(ctx):
+        return tf.constant(ctx.replica_id_in_sync_group)
+
+    distributed_values = mirrored_strategy.experimental_distribute_values_from_function(value_fn)
+    for _ in range(4):
+        result = mirrored_strategy.run(lambda x: x, args=(distributed_values,))
+        assert [int(p) for p in parts(result)] == [0, 1, 2, 3]
+
+    def input_gen():
+        while True:
+            yield np.random.rand(4)
+
+    dataset = tf.data.Dataset.from_generator(input_gen, output_types=(tf.float32), output_shapes=tf.TensorShape([4]))
+    dist_dataset = mirrored_strategy.experimental_distribute_dataset(dataset)
+    iterator = iter(dist_dataset)
+    for _ in range(4):
+        result = mirrored_strategy.run(lambda x: x, args=(next(iterator),))
+        assert [p.shape for p in parts(result)] == [(1,)] * 4  # the element's 4 values, one per replica

@@ -207,7 +207,7 @@ HOOKS: tuple = (
         f"{_TF_TRAINER}._maybe_symbolic_build",
         _steps.wrap_maybe_symbolic_build,
         _TF,
-        purpose="skip when all is built (no extra batch per fit) or the input is empty",
+        purpose="skip when all is built, else build from the input's spec (no extra batch per fit), or the input is empty",
     ),
 )
 

@@ -4,8 +4,9 @@
 `adapter.make_trainer_function`; around them, on JAX, batches are left to
 the step, which places them; on TensorFlow, optimizers build their slots
 outside replica computation and a fully built model skips Keras' symbolic
-build (which pulls a batch from a fresh input iterator on every `fit`), as
-does an empty input. On both, a stateful optimizer `apply` in cross-replica
+build (which pulls a batch from a fresh input iterator on every `fit`, and
+so shifts a reshuffling tf.data input by one order); a model still to build
+is built from the input's element spec, and an empty input builds nothing. On both, a stateful optimizer `apply` in cross-replica
 context is refused.
 """
 
@@ -273,12 +274,37 @@ def _fully_built(model) -> bool:
     )
 
 
+def _known_element_spec(iterator):
+    """The spec of the batches `iterator` (Keras' epoch iterator) yields,
+    where every dimension but the batch one is known; else None."""
+    try:
+        spec = iterator.data_adapter.get_tf_dataset().element_spec
+    except (AttributeError, NotImplementedError, ValueError, TypeError):
+        return None
+    for leaf in keras.tree.flatten(spec):
+        shape = getattr(leaf, "shape", None)
+        if type(leaf).__name__ != "TensorSpec" or shape is None or shape.rank is None:
+            return None  # ragged, sparse or of unknown rank: build from a batch
+        if shape.rank and any(dim is None for dim in shape.as_list()[1:]):
+            return None
+    return spec
+
+
 def wrap_maybe_symbolic_build(original):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if model_strategy(self) is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         if _fully_built(self):
             return
+        if iterator is not None and data_batch is None:
+            # Keras draws a batch from a fresh iterator of the input here,
+            # under a strategy only: a tf.data `shuffle` then gives the
+            # first epoch its second order, and training is not one
+            # device's. Build from the input's spec instead, where it is
+            # known: no batch is drawn, as on one device.
+            spec = _known_element_spec(iterator)
+            if spec is not None:
+                return original(self, data_batch=spec)
         try:
             return original(self, iterator=iterator, data_batch=data_batch)
         except StopIteration:

@@ -213,13 +213,17 @@ endef
 test-stress: install
 	$(call both-backends,stress,tests/test_stress.py -m stress)
 
-# Real models nobody on the team wrote (tests/test_zoo.py: keras.applications'
-# MobileNetV2, 155 layers), under OneDevice, Mirrored and CentralStorage,
-# against one device; both backends side by side (CI runs it after `make
-# test`: compiling the application for each strategy costs about 4 CPU-min,
-# mostly TensorFlow's tracing of every replica).
+# Real code nobody on the team wrote, too costly for `make test` (marker
+# `zoo`): keras.applications' MobileNetV2 (tests/test_zoo.py, 155 layers)
+# under OneDevice, Mirrored and CentralStorage against one device, and the
+# tf-docs multi-worker tutorials as written (tests/test_tutorials.py: the
+# 2-worker jobs of multi_worker_with_keras and _with_ctl, and the first's
+# notebook sections; about a thousand steps of a 2.8M-parameter CNN each).
+# Both backends side by side (CI runs it after `make test`; measured: the
+# application about 4 CPU-min, mostly TensorFlow's tracing of every
+# replica; the tutorials 3.8 CPU-min).
 test-zoo: install
-	$(call both-backends,zoo,tests/test_zoo.py -m zoo)
+	$(call both-backends,zoo,tests/test_zoo.py tests/test_tutorials.py -m zoo)
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a

@@ -102,6 +102,24 @@ def _worker_dataset(dataset, num_workers, worker_index, num_replicas, batch_size
     else:  # tf cannot read the batch size from the pipeline: tf's legacy split
         pieces = tf_data_distribute._LegacyRebatchDataset(dataset, num_replicas)
     pieces = input_ops.auto_shard_dataset(pieces, num_workers, worker_index, num_replicas)
+    return _steps_of_pieces(pieces, per_worker)
+
+
+def replica_batches_stream(dataset: Any, replicas_per_worker: int) -> Any:
+    """This worker's stream, one element a step, of a dataset of
+    per-replica batches (what `distribute_datasets_from_function`'s
+    `dataset_fn` returns on this worker): its batches taken one per local
+    replica and concatenated; a last step may have fewer. Each part's
+    dimensions but the batch one must be known (`empty_batch`)."""
+    empty_batch(dataset.element_spec)  # the clear error, before any step
+    return _steps_of_pieces(dataset, replicas_per_worker)
+
+
+def _steps_of_pieces(pieces: Any, per_worker: int) -> Any:
+    """`pieces` (one per replica) taken `per_worker` at a time and
+    concatenated along the batch dimension; unknown cardinality."""
+    import tensorflow as tf
+
     if per_worker > 1:
         is_tuple = isinstance(pieces.element_spec, tuple)
 
@@ -127,11 +145,11 @@ def empty_batch(element_spec: Any) -> Any:
         shape = list(spec.shape)
         if any(d is None for d in shape[1:]):
             raise ValueError(
-                f"A dataset read per worker (AutoShardPolicy FILE, OFF or HINT) needs "
+                f"A dataset read per worker (AutoShardPolicy FILE, OFF or HINT, or "
+                f"distribute_datasets_from_function with several workers) needs "
                 f"every dimension but the batch one known; an element part has shape "
                 f"{tuple(shape)}. Give its parts static shapes (e.g. with "
-                "dataset.map(lambda x, y: (tf.ensure_shape(x, ...), y))), or use "
-                "AutoShardPolicy.DATA."
+                "dataset.map(lambda x, y: (tf.ensure_shape(x, ...), y)))."
             )
         return np.zeros([0, *shape[1:]], spec.dtype.as_numpy_dtype)
 

@@ -559,13 +559,23 @@ def test_compute_average_loss_checks_the_sample_weight_shape(mirrored):
     assert [float(v) for v in each] == pytest.approx([0.25] * len(each))  # 4 x 0.5 / 8
 
 
-def test_datasets_from_function_with_several_workers_is_refused(mirrored, monkeypatch):
+def test_datasets_from_function_with_several_workers_refuses_what_it_cannot_read(mirrored, monkeypatch):
+    """With several workers (a 2-worker job reads one pipeline per worker:
+    tests/test_multi_worker.py), PER_REPLICA is refused before `dataset_fn`
+    runs, and a `dataset_fn` that returns no tf.data dataset (whose
+    element_spec gives the empty batch a worker without data sends) is
+    refused with the fix."""
+    import keras_dist
+
     strategy = mirrored(2)
     monkeypatch.setattr(type(strategy.extended), "num_workers", property(lambda self: 2))
     called = []
-    with pytest.raises(NotImplementedError, match="several workers.*experimental_distribute_dataset"):
-        strategy.distribute_datasets_from_function(lambda context: called.append(context))
+    per_replica = keras_dist.InputOptions(experimental_replication_mode=keras_dist.InputReplicationMode.PER_REPLICA)
+    with pytest.raises(NotImplementedError, match="PER_REPLICA and several workers.*PER_WORKER"):
+        strategy.distribute_datasets_from_function(lambda context: called.append(context), options=per_replica)
     assert not called  # refused before the user's function ran
+    with pytest.raises(NotImplementedError, match="several workers takes a tf.data.Dataset.*got list"):
+        strategy.distribute_datasets_from_function(lambda context: [np.ones((2, 3), "float32")])
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX compiles run's function per call signature")

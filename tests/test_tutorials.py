@@ -25,6 +25,14 @@ strategy and under one device (the default strategy) and must match.
   `evaluate` inside a MirroredStrategy's scope on tf.data, then its
   ModelCheckpoint resume recipe (`.keras` loaded inside the scope); both
   backends, as above.
+- tensorflow.org `tutorials/distribute/input`: every cell that distributes
+  input, in and out of `tf.function` (TensorFlow backend: its steps are
+  tf.function code).
+- tensorflow.org `tutorials/distribute/multi_worker_with_keras`: its
+  `main.py` as a 2-worker job started with the tutorial's TF_CONFIG
+  (tests/workers/mw_tutorial.py, mnist_setup.py), and the sections its
+  notebook runs in one process (saving, checkpoints, BackupAndRestore);
+  both backends.
 """
 
 import json
@@ -37,7 +45,7 @@ import pytest
 import keras
 
 import keras_dist
-from _helpers import make_data
+from _helpers import make_data, mnist_like
 from conftest import BACKEND
 
 GLOBAL_BATCH_SIZE = 10  # 4 replicas: uneven shards, and a partial last batch
@@ -250,21 +258,10 @@ def test_tensorflow_parameter_server_tutorial(tmp_path):
         assert np.isfinite(report["loop_final_loss"])
 
 
-def _mnist_like(num_examples, seed):
-    """Stand-in for tfds' MNIST (no downloads here): uint8 28x28x1 images
-    whose label is the brightest of ten 28-pixel bands, so a small CNN learns it."""
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, 10, num_examples)
-    images = rng.integers(0, 120, (num_examples, 28, 28, 1))
-    rows = np.arange(28)[None, :] // 3  # bands 0..9 (the last row joins band 9)
-    images = images + 40 * (np.minimum(rows, 9)[:, :, None, None] == labels[:, None, None, None]).transpose(0, 1, 3, 2)
-    return images.astype("uint8"), labels.astype("int64")
-
-
 @pytest.mark.needs_tensorflow
 def test_tensorflow_keras_tutorial(tmp_path, capsys):
     """tensorflow.org `tutorials/distribute/keras` as written (renamed;
-    tfds' MNIST replaced by `_mnist_like`: 1001 training images, so the
+    tfds' MNIST replaced by `_helpers.mnist_like`: 1001 training images, so the
     last global batch of 4 x 64 is partial and splits unevenly): a
     MirroredStrategy over all local devices, a tf.data pipeline given to
     `fit`, TensorBoard, ModelCheckpoint, LearningRateScheduler and the
@@ -277,7 +274,7 @@ def test_tensorflow_keras_tutorial(tmp_path, capsys):
 
     import tensorflow as tf
 
-    (train_images, train_labels), (test_images, test_labels) = _mnist_like(1001, 0), _mnist_like(300, 1)
+    (train_images, train_labels), (test_images, test_labels) = mnist_like(1001, 0), mnist_like(300, 1)
 
     def tutorial(strategy, workdir, batch_replicas):
         os.chdir(workdir)
@@ -383,7 +380,7 @@ def test_tensorflow_keras_tutorial(tmp_path, capsys):
 def test_keras_io_tensorflow_guide(tmp_path, capsys):
     """keras-io `guides/distributed_training_with_tensorflow.py` as written
     (renamed; its `KERAS_BACKEND` line dropped, MNIST replaced by
-    `_mnist_like` flattened: 501 training rows in batches of 32, so the
+    `_helpers.mnist_like` flattened: 501 training rows in batches of 32, so the
     last is partial and uneven over 4 replicas, and 100 validation rows
     instead of 10000): `fit` with validation and `evaluate` inside the
     scope of a MirroredStrategy over all local devices, then its fault
@@ -392,7 +389,7 @@ def test_keras_io_tensorflow_guide(tmp_path, capsys):
     under the default strategy must give the same numbers."""
     import tensorflow as tf
 
-    images, labels = _mnist_like(601 + 200, 2)
+    images, labels = mnist_like(601 + 200, 2)
 
     def guide(make_strategy, workdir):
         os.chdir(workdir)
@@ -649,3 +646,182 @@ def test_tensorflow_input_tutorial(capfd):
     for _ in range(4):
         result = mirrored_strategy.run(lambda x: x, args=(next(iterator),))
         assert [p.shape for p in parts(result)] == [(1,)] * 4  # the element's 4 values, one per replica
+
+
+@pytest.mark.zoo("the tf-docs multi-worker tutorials as written: about a thousand steps of a 2.8M-parameter CNN (make test-zoo)")
+@pytest.mark.starts_processes
+@pytest.mark.needs_tensorflow
+@pytest.mark.slow("the tutorial's 2-worker job as written: 3 epochs of 70 steps of a 2.8M-parameter CNN (on JAX each worker imports JAX and TensorFlow)")
+def test_tensorflow_multi_worker_with_keras_tutorial(tmp_path):
+    """tensorflow.org `tutorials/distribute/multi_worker_with_keras`: its
+    `main.py` (tests/workers/mw_tutorial.py; the header lists each change)
+    started twice with the tutorial's TF_CONFIG (`localhost` workers, no
+    `chief`, no coordinator address), as its notebook starts them. The
+    tutorial's input is an unseeded shuffle per worker, so there is no
+    one-device twin: both workers must end with the same weights, bitwise,
+    after exactly 3 x 70 steps, and the model must learn."""
+    reports = _tutorial_job(tmp_path, "mw_tutorial.py")
+    assert [r["task"] for r in reports] == [["worker", 0], ["worker", 1]]
+    assert all(r["backend"] == BACKEND and r["num_replicas_in_sync"] == 2 for r in reports)
+    assert [r["iterations"] for r in reports] == [210, 210]
+    assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
+    assert reports[0]["loss"] == reports[1]["loss"]  # the logs are the job's, not a worker's
+    assert reports[0]["loss"][-1] < reports[0]["loss"][0] and all(np.isfinite(reports[0]["loss"])), reports[0]
+
+
+@pytest.mark.zoo("the tf-docs multi-worker tutorials as written: about a thousand steps of a 2.8M-parameter CNN (make test-zoo)")
+@pytest.mark.needs_tensorflow
+@pytest.mark.slow("the tutorial's notebook sections as written: about 1000 steps of a 2.8M-parameter CNN (plain, saved and loaded, checkpointed, three BackupAndRestore runs)")
+def test_tensorflow_multi_worker_with_keras_tutorial_notebook_sections(tmp_path):
+    """The same tutorial's sections its notebook runs in one process (no
+    TF_CONFIG: a MultiWorkerMirroredStrategy of this process's devices),
+    as written (renamed; its `mnist_setup` is tests/workers/mnist_setup.py;
+    paths under a temporary directory; `model.save`'s path ends in `.keras`,
+    which Keras 3 requires): the single-worker run, the auto-shard option,
+    saving with the tutorial's `write_filepath` and training the loaded
+    model on, a `tf.train.Checkpoint` with a `CheckpointManager` (TensorFlow
+    only: only there is a Keras 3 model a tf trackable), and the three
+    `BackupAndRestore` runs (each epoch, and every 30 steps)."""
+    import tensorflow as tf
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers"))
+    try:
+        import mnist_setup
+    finally:
+        sys.path.pop(0)
+
+    batch_size = 64
+    single_worker_dataset = mnist_setup.mnist_dataset(batch_size)
+    single_worker_model = mnist_setup.build_and_compile_cnn_model()
+    single_worker_model.fit(single_worker_dataset, epochs=3, steps_per_epoch=70, verbose=0)
+
+    strategy = keras_dist.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        multi_worker_model = mnist_setup.build_and_compile_cnn_model()
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    global_batch_size = 64
+    multi_worker_dataset = mnist_setup.mnist_dataset(batch_size=64)
+    dataset_no_auto_shard = multi_worker_dataset.with_options(options)
+    assert dataset_no_auto_shard.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
+    assert global_batch_size == 64
+
+    model_path = str(tmp_path / "keras-model.keras")
+
+    def _is_chief(task_type, task_id):
+        return (task_type == "worker" and task_id == 0) or task_type is None
+
+    def _get_temp_dir(dirpath, task_id):
+        base_dirpath = "workertemp_" + str(task_id)
+        temp_dir = os.path.join(dirpath, base_dirpath)
+        tf.io.gfile.makedirs(temp_dir)
+        return temp_dir
+
+    def write_filepath(filepath, task_type, task_id):
+        dirpath = os.path.dirname(filepath)
+        base = os.path.basename(filepath)
+        if not _is_chief(task_type, task_id):
+            dirpath = _get_temp_dir(dirpath, task_id)
+        return os.path.join(dirpath, base)
+
+    task_type, task_id = (strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id)
+    write_model_path = write_filepath(model_path, task_type, task_id)
+    assert write_model_path == model_path  # one process: the chief
+    multi_worker_model.save(write_model_path)
+    if not _is_chief(task_type, task_id):
+        tf.io.gfile.rmtree(os.path.dirname(write_model_path))
+    loaded_model = keras.models.load_model(model_path)
+    for a, b in zip(loaded_model.get_weights(), multi_worker_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    loaded_model.fit(single_worker_dataset, epochs=2, steps_per_epoch=20, verbose=0)
+    assert int(keras.ops.convert_to_numpy(loaded_model.optimizer.iterations)) == 40
+
+    if BACKEND == "tensorflow":
+        checkpoint_dir = str(tmp_path / "ckpt")
+        checkpoint = tf.train.Checkpoint(model=multi_worker_model)
+        write_checkpoint_dir = write_filepath(checkpoint_dir, task_type, task_id)
+        checkpoint_manager = tf.train.CheckpointManager(checkpoint, directory=write_checkpoint_dir, max_to_keep=1)
+        checkpoint_manager.save()
+        if not _is_chief(task_type, task_id):
+            tf.io.gfile.rmtree(write_checkpoint_dir)
+        saved = multi_worker_model.get_weights()
+        multi_worker_model.fit(multi_worker_dataset, epochs=1, steps_per_epoch=5, verbose=0)  # (not the tutorial's) move away
+        latest_checkpoint = tf.train.latest_checkpoint(checkpoint_dir)
+        checkpoint.restore(latest_checkpoint)
+        for a, b in zip(multi_worker_model.get_weights(), saved):
+            np.testing.assert_array_equal(a, b)
+        multi_worker_model.fit(multi_worker_dataset, epochs=2, steps_per_epoch=20, verbose=0)
+
+    for save_freq in ("epoch", "epoch", 30):
+        backup_dir = str(tmp_path / "backup")
+        callbacks = [keras.callbacks.BackupAndRestore(backup_dir=backup_dir, save_freq=save_freq)]
+        with strategy.scope():
+            multi_worker_model = mnist_setup.build_and_compile_cnn_model()
+        history = multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=70, callbacks=callbacks, verbose=0)
+        assert int(keras.ops.convert_to_numpy(multi_worker_model.optimizer.iterations)) == 210
+        assert len(history.history["loss"]) == 3 and history.history["loss"][-1] < history.history["loss"][0]
+        assert not os.path.exists(backup_dir) or not os.listdir(backup_dir)  # removed when training ends
+
+
+def _tutorial_job(tmp_path, script):
+    """tests/workers/`script` started twice as the tensorflow.org
+    multi-worker tutorials start `main.py`: TF_CONFIG with two `localhost`
+    workers and no `chief` (here on free ports), nothing else (no
+    coordinator address: on JAX keras_dist's listens on worker 0's port);
+    each worker's JSON report, once both exited 0."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tf_config = {"cluster": {"worker": [f"localhost:{port}" for port in ports]}, "task": {"type": "worker", "index": 0}}
+    processes = []
+    try:
+        for index in range(2):
+            tf_config["task"]["index"] = index
+            env = {k: v for k, v in os.environ.items() if k != "KERAS_DIST_COORDINATOR"}
+            env.update(KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="3", TF_CONFIG=json.dumps(tf_config))
+            processes.append(subprocess.Popen(
+                [sys.executable, os.path.join(root, "tests", "workers", script), str(tmp_path)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+            ))
+        outputs = [p.communicate(timeout=400)[0] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+    assert [p.returncode for p in processes] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    return [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.mark.zoo("the tf-docs multi-worker tutorials as written: about a thousand steps of a 2.8M-parameter CNN (make test-zoo)")
+@pytest.mark.starts_processes
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the tutorial's step is tf.function/GradientTape code")
+@pytest.mark.slow("the tutorial's 2-worker job as written: 3 epochs of 70 custom-loop steps of a 2.8M-parameter CNN")
+def test_tensorflow_multi_worker_with_ctl_tutorial(tmp_path):
+    """tensorflow.org `tutorials/distribute/multi_worker_with_ctl`: its
+    `main.py` (tests/workers/mw_ctl_tutorial.py; the header lists each
+    change) as a 2-worker job started as its notebook starts it:
+    `distribute_datasets_from_function` with a per-worker shard, a
+    `tf.function` step with `strategy.run`, `compute_average_loss` and
+    `scale_regularization_loss` of the model's L2 losses, RMSprop, a Keras
+    metric, and `tf.train.CheckpointManager` saves by the chief only (the
+    non-chief's temporary directory removed). Unseeded per-worker shuffles:
+    no one-device twin; both workers must agree bitwise, count 3 x 70 steps
+    and learn."""
+    reports = _tutorial_job(tmp_path, "mw_ctl_tutorial.py")
+    assert [r["task"] for r in reports] == [["worker", 0], ["worker", 1]]
+    assert [r["counters"] for r in reports] == [[3, 0, 210]] * 2
+    assert reports[0]["weights_sha256"] == reports[1]["weights_sha256"]
+    losses = [[line[2] for line in r["epochs"]] for r in reports]
+    assert losses[0] == losses[1] and [line[0] for line in reports[0]["epochs"]] == [0, 1, 2]
+    assert losses[0][-1] < losses[0][0], reports[0]["epochs"]
+    assert all(0.0 <= line[1] <= 1.0 for r in reports for line in r["epochs"])
+    assert reports[0]["chief_checkpoint"] == ["checkpoint", "ckpt-3.data-00000-of-00001", "ckpt-3.index"]
+    assert reports[1]["non_chief_temp_dir_left"] is False

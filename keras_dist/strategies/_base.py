@@ -398,13 +398,7 @@ class Strategy:
 
         options = _input_options("distribute_datasets_from_function", options)
         if self._extended.num_workers > 1:
-            raise NotImplementedError(
-                "distribute_datasets_from_function with several workers (each "
-                "worker building its own replicas' input) is not supported yet. "
-                "Pass every worker the same dataset of global batches to "
-                "strategy.experimental_distribute_dataset: each worker keeps "
-                "its replicas' rows, exactly as one device would see them."
-            )
+            return self._datasets_from_function_per_worker(dataset_fn, options)
         num = self.num_replicas_in_sync
         per_replica = options.experimental_replication_mode is InputReplicationMode.PER_REPLICA
         if per_replica:
@@ -428,6 +422,63 @@ class Strategy:
             return _trains_as(native, self, make_in_python)
         _check_host_input_options("distribute_datasets_from_function", options)
         return make_in_python()
+
+    def _datasets_from_function_per_worker(self, dataset_fn: Callable, options: Any):
+        """`distribute_datasets_from_function` with several workers: each
+        calls `dataset_fn` with its `InputContext` (`num_input_pipelines`
+        workers, its `input_pipeline_id`) and reads its own pipeline of
+        per-replica batches, one batch per local replica a step. A step's
+        global batch is every worker's rows of that step (as with a
+        per-worker tf.data stream in `experimental_distribute_dataset`),
+        the job's data ending when no worker has a batch left; the engine's
+        own distributed dataset where it has one (TensorFlow: tf's). For
+        custom loops: `fit` refuses it (its input of global batches has
+        other spellings)."""
+        from keras_dist import _tf_data
+        from keras_dist._input import DistributedDataset, InputContext, InputReplicationMode, WorkerBatches
+
+        extended = self._extended
+        if options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:
+            raise NotImplementedError(
+                "distribute_datasets_from_function with InputReplicationMode.PER_REPLICA "
+                "and several workers is not supported; use PER_WORKER (the default): "
+                "dataset_fn is called once on each worker."
+            )
+        num = self.num_replicas_in_sync
+        dataset = dataset_fn(InputContext(extended.num_workers, extended.worker_index, num))
+        if _tf_data.auto_shard_policy(dataset) is None:
+            raise NotImplementedError(
+                "distribute_datasets_from_function with several workers takes a "
+                f"tf.data.Dataset from dataset_fn (got {type(dataset).__name__}): "
+                "a worker whose data has ended sends the others an empty batch of "
+                "its element_spec. Return tf.data.Dataset.from_tensor_slices(...) "
+                "batched to context.get_per_replica_batch_size(global_batch_size)."
+            )
+        stream = _tf_data.replica_batches_stream(dataset, num // extended.num_workers)
+        empty = _tf_data.empty_batch(stream.element_spec)
+        engine, adapter = extended.engine, get_adapter()
+
+        def refused_by_fit():
+            raise NotImplementedError(
+                "fit/evaluate/predict do not take distribute_datasets_from_function's "
+                "dataset in a job of several workers (custom loops over it do). Give "
+                "them a tf.data dataset of global batches instead, the same on every "
+                "worker, or with AutoShardPolicy.FILE/OFF each worker's own stream "
+                "(guides/multi_worker.md)."
+            )
+
+        native = _natively(adapter, engine, dataset, self._first_local_replica(), "per_replica_batches", options)
+        if native is not None:
+            return _trains_as(native, self, refused_by_fit)
+        _check_host_input_options("distribute_datasets_from_function", options)
+        distributed = DistributedDataset(
+            lambda: WorkerBatches(adapter.iterate_batches(stream), empty),
+            lambda batch: adapter.split_global_batch(engine, batch),
+            self._element_spec,
+            options.experimental_per_replica_buffer_size,
+        )
+        distributed._keras_dist_trains_as = (self, refused_by_fit)
+        return distributed
 
     def _first_local_replica(self) -> int:
         """The replica index of this worker's first device."""

@@ -455,8 +455,13 @@ def gather(engine, value, axis):
 
 
 def local_results(engine, value):
+    """This process's replicas' components of `value`, in replica order (as
+    tf: with several workers, a worker's own; each worker holds every
+    replica's component of a distributed batch)."""
     parts = _components(value)
     if parts is not None:
+        if jax.process_count() > 1 and len(parts) == len(engine.devices):
+            return tuple(parts[i] for i in _local_replicas(engine))
         return tuple(parts)
     if (
         isinstance(value, jax.Array)
@@ -465,8 +470,14 @@ def local_results(engine, value):
         and value.sharding.is_fully_replicated
     ):  # a mirrored value: one copy per replica, in replica order
         by_device = {shard.device: shard.data for shard in value.addressable_shards}
-        return tuple(by_device[device] for device in engine.devices)
+        return tuple(by_device[engine.devices[i]] for i in _local_replicas(engine))
     return (value,)
+
+
+def _local_replicas(engine) -> list:
+    """The replica indices whose devices belong to this process."""
+    index = jax.process_index()
+    return [i for i, device in enumerate(engine.devices) if device.process_index == index]
 
 
 def build_outside_replicas(build_fn):

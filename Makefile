@@ -218,7 +218,8 @@ test-stress: install
 # under OneDevice, Mirrored and CentralStorage against one device, and the
 # tf-docs multi-worker tutorials as written (tests/test_tutorials.py: the
 # 2-worker jobs of multi_worker_with_keras and _with_ctl, and the first's
-# notebook sections; about a thousand steps of a 2.8M-parameter CNN each).
+# notebook sections; about a thousand steps of a 2.8M-parameter CNN each),
+# and its input tutorial (a wait under make test's load: see its marker).
 # Both backends side by side (CI runs it after `make test`; measured: the
 # application about 4 CPU-min, mostly TensorFlow's tracing of every
 # replica; the tutorials 3.8 CPU-min).

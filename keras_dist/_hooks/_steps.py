@@ -6,8 +6,8 @@ the step, which places them; on TensorFlow, optimizers build their slots
 outside replica computation and a fully built model skips Keras' symbolic
 build (which pulls a batch from a fresh input iterator on every `fit`, and
 so shifts a reshuffling tf.data input by one order); a model still to build
-is built from the input's element spec, and an empty input builds nothing. On both, a stateful optimizer `apply` in cross-replica
-context is refused.
+is built from the input's element spec, and an empty input builds nothing.
+On both, a stateful optimizer `apply` in cross-replica context is refused.
 """
 
 from __future__ import annotations

@@ -105,14 +105,15 @@ def _worker_dataset(dataset, num_workers, worker_index, num_replicas, batch_size
     return _steps_of_pieces(pieces, per_worker)
 
 
-def replica_batches_stream(dataset: Any, replicas_per_worker: int) -> Any:
-    """This worker's stream, one element a step, of a dataset of
-    per-replica batches (what `distribute_datasets_from_function`'s
+def replica_batches_stream(dataset: Any, replicas_per_worker: int) -> tuple:
+    """`(stream, empty)` for this worker, as `worker_stream` gives them, of
+    a dataset of per-replica batches (what `distribute_datasets_from_function`'s
     `dataset_fn` returns on this worker): its batches taken one per local
-    replica and concatenated; a last step may have fewer. Each part's
-    dimensions but the batch one must be known (`empty_batch`)."""
-    empty_batch(dataset.element_spec)  # the clear error, before any step
-    return _steps_of_pieces(dataset, replicas_per_worker)
+    replica and concatenated, a last step perhaps with fewer, and the
+    stream's `empty_batch` (the clear error where a part's dimensions but
+    the batch one are unknown)."""
+    stream = _steps_of_pieces(dataset, replicas_per_worker)
+    return stream, empty_batch(stream.element_spec)
 
 
 def _steps_of_pieces(pieces: Any, per_worker: int) -> Any:

@@ -259,7 +259,7 @@ def test_tensorflow_parameter_server_tutorial(tmp_path):
 
 
 @pytest.mark.needs_tensorflow
-def test_tensorflow_keras_tutorial(tmp_path, capsys):
+def test_tensorflow_keras_tutorial(tmp_path, capsys, monkeypatch):
     """tensorflow.org `tutorials/distribute/keras` as written (renamed;
     tfds' MNIST replaced by `_helpers.mnist_like`: 1001 training images, so the
     last global batch of 4 x 64 is partial and splits unevenly): a
@@ -277,7 +277,7 @@ def test_tensorflow_keras_tutorial(tmp_path, capsys):
     (train_images, train_labels), (test_images, test_labels) = mnist_like(1001, 0), mnist_like(300, 1)
 
     def tutorial(strategy, workdir, batch_replicas):
-        os.chdir(workdir)
+        monkeypatch.chdir(workdir)
         keras.utils.set_random_seed(7)  # the tutorial's unseeded shuffle and init, made repeatable
         mnist_train = tf.data.Dataset.from_tensor_slices((train_images, train_labels))
         mnist_test = tf.data.Dataset.from_tensor_slices((test_images, test_labels))
@@ -346,17 +346,13 @@ def test_tensorflow_keras_tutorial(tmp_path, capsys):
         logs = sorted(str(p.relative_to("logs")) for p in pathlib.Path("logs").rglob("*") if p.is_file())
         return history.history, trained, checkpoints, evaluated, unreplicated, replicated, logs
 
-    here = os.getcwd()
-    try:
-        (tmp_path / "one").mkdir()
-        (tmp_path / "all").mkdir()
-        strategy = keras_dist.MirroredStrategy()
-        expected = tutorial(keras_dist.get_strategy(), tmp_path / "one", strategy.num_replicas_in_sync)
-        one_device_output = capsys.readouterr().out
-        got = tutorial(strategy, tmp_path / "all", strategy.num_replicas_in_sync)
-        output = capsys.readouterr().out
-    finally:
-        os.chdir(here)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "all").mkdir()
+    strategy = keras_dist.MirroredStrategy()
+    expected = tutorial(keras_dist.get_strategy(), tmp_path / "one", strategy.num_replicas_in_sync)
+    one_device_output = capsys.readouterr().out
+    got = tutorial(strategy, tmp_path / "all", strategy.num_replicas_in_sync)
+    output = capsys.readouterr().out
     history, trained, checkpoints, evaluated, unreplicated, replicated, logs = got
     assert "Number of devices: 4" in output and "Number of devices: 1" in one_device_output
     # the callbacks ran on every epoch, with the schedule's rates
@@ -377,7 +373,7 @@ def test_tensorflow_keras_tutorial(tmp_path, capsys):
 
 
 @pytest.mark.needs_tensorflow
-def test_keras_io_tensorflow_guide(tmp_path, capsys):
+def test_keras_io_tensorflow_guide(tmp_path, capsys, monkeypatch):
     """keras-io `guides/distributed_training_with_tensorflow.py` as written
     (renamed; its `KERAS_BACKEND` line dropped, MNIST replaced by
     `_helpers.mnist_like` flattened: 501 training rows in batches of 32, so the
@@ -392,7 +388,7 @@ def test_keras_io_tensorflow_guide(tmp_path, capsys):
     images, labels = mnist_like(601 + 200, 2)
 
     def guide(make_strategy, workdir):
-        os.chdir(workdir)
+        monkeypatch.chdir(workdir)
         keras.utils.set_random_seed(5)
 
         def get_compiled_model():
@@ -462,16 +458,12 @@ def test_keras_io_tensorflow_guide(tmp_path, capsys):
         final = resumed[-1]
         return history.history, evaluated, model.get_weights(), final.get_weights(), int(final.optimizer.iterations.numpy())
 
-    here = os.getcwd()
-    try:
-        (tmp_path / "one").mkdir()
-        (tmp_path / "all").mkdir()
-        expected = guide(keras_dist.get_strategy, tmp_path / "one")
-        capsys.readouterr()
-        got = guide(keras_dist.MirroredStrategy, tmp_path / "all")
-        output = capsys.readouterr().out
-    finally:
-        os.chdir(here)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "all").mkdir()
+    expected = guide(keras_dist.get_strategy, tmp_path / "one")
+    capsys.readouterr()
+    got = guide(keras_dist.MirroredStrategy, tmp_path / "all")
+    output = capsys.readouterr().out
     assert output.count("Number of devices: 4") == 1
     assert "Creating a new model" in output and "Restoring from ./ckpt/ckpt-1.keras" in output
     history, evaluated, weights, resumed_weights, iterations = got
@@ -774,14 +766,9 @@ def _tutorial_job(tmp_path, script):
     workers and no `chief` (here on free ports), nothing else (no
     coordinator address: on JAX keras_dist's listens on worker 0's port);
     each worker's JSON report, once both exited 0."""
-    import socket
+    from keras_dist.launch import free_ports
 
-    sockets = [socket.socket() for _ in range(2)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
+    ports = free_ports(2)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tf_config = {"cluster": {"worker": [f"localhost:{port}" for port in ports]}, "task": {"type": "worker", "index": 0}}
     processes = []

@@ -454,8 +454,7 @@ class Strategy:
                 "its element_spec. Return tf.data.Dataset.from_tensor_slices(...) "
                 "batched to context.get_per_replica_batch_size(global_batch_size)."
             )
-        stream = _tf_data.replica_batches_stream(dataset, num // extended.num_workers)
-        empty = _tf_data.empty_batch(stream.element_spec)
+        stream, empty = _tf_data.replica_batches_stream(dataset, num // extended.num_workers)
         engine, adapter = extended.engine, get_adapter()
 
         def refused_by_fit():
@@ -477,8 +476,7 @@ class Strategy:
             self._element_spec,
             options.experimental_per_replica_buffer_size,
         )
-        distributed._keras_dist_trains_as = (self, refused_by_fit)
-        return distributed
+        return _trains_as(distributed, self, refused_by_fit)
 
     def _first_local_replica(self) -> int:
         """The replica index of this worker's first device."""

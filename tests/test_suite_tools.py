@@ -112,3 +112,31 @@ def test_a_reason_is_read_from_the_test_s_source_when_the_record_has_none():
     )
     assert durations._reason_in_source("tests/test_suite_tools.py::test_report_totals_files_and_tests_over_a_minute_with_their_reasons", root) == ""
     assert durations._reason_in_source("tests/no_such_file.py::test_x", root) == ""
+
+
+_STARTUP_PROBE = textwrap.dedent(
+    """
+    import sys
+    import keras
+    kept_from_keras = "sklearn" not in sys.modules and "matplotlib" not in sys.modules
+    from keras.src.wrappers import fixes
+    from sklearn.datasets import load_digits  # anyone else still gets them
+    import matplotlib.figure
+    print(kept_from_keras, fixes.sklearn is None, load_digits().data.shape == (1797, 64))
+    """
+)
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("lean", [True, False], ids=["with-tests-startup", "without"])
+def test_startup_keeps_sklearn_and_matplotlib_from_keras_only(lean):
+    """tests/startup/sitecustomize.py (on make test's PYTHONPATH): Keras'
+    eager imports of scikit-learn and matplotlib are refused, anyone else's
+    import works; without it on the path, Keras imports both (so the hook
+    still has something to save: if a Keras release stops, drop it)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if lean:
+        env["PYTHONPATH"] = str(TESTS / "startup")
+    done = subprocess.run([sys.executable, "-c", _STARTUP_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == (["True", "True", "True"] if lean else ["False", "False", "True"]), done.stdout

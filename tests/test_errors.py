@@ -44,7 +44,16 @@ def test_variables_created_outside_the_scope(mirrored, data):
         model = keras.Sequential(
             [keras.Input((FEATURES,)), outside, keras.layers.Dense(1, activation="sigmoid")]
         )
+        # compile refuses it, as tf.keras 2's did, before compiling anything
+        with pytest.raises(ValueError, match=r"not created in the distribution strategy scope.*created outside the scope.*strategy.scope\(\)"):
+            model.compile(optimizer="sgd", loss="binary_crossentropy")
+    assert not model.compiled and getattr(model, "optimizer", None) is None
+    # a layer built outside, added after compile: fit refuses it
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((FEATURES,))])
         model.compile(optimizer="sgd", loss="binary_crossentropy")
+    model.add(outside)
+    model.add(keras.layers.Dense(1, activation="sigmoid"))
     snapshot = _snapshot(model)
     with pytest.raises(ValueError, match=r"created outside the scope.*strategy.scope\(\)"):
         model.fit(x, y, batch_size=10, verbose=0)

@@ -40,7 +40,8 @@ def _check_scope(model, strategy, action: str) -> None:
         if active is not None:
             raise ValueError(
                 f"Cannot {action} model {model.name!r} under {active!r}: the "
-                "model was created outside any strategy scope, so its "
+                "model was not created in the distribution strategy scope "
+                "(it was created outside any strategy scope), so its "
                 "variables are not distributed. Create the model inside "
                 "`with strategy.scope():`."
             )
@@ -58,9 +59,10 @@ def _check_variables(strategy, variables, what: str) -> None:
     for variable in variables:
         if not strategy.extended.variable_created_in_scope(variable):
             raise ValueError(
-                f"{what} variable {variable.path!r} was created outside "
-                f"the scope of {strategy!r}, so it is not distributed with "
-                "the rest. Create every layer, optimizer and metric of the "
+                f"{what} variable {variable.path!r} was not created in the "
+                f"distribution strategy scope (it was created outside the "
+                f"scope of {strategy!r}), so it is not distributed with the "
+                "rest. Create every layer, optimizer and metric of the "
                 "model inside `with strategy.scope():` (optimizers and "
                 "metrics given by name, e.g. optimizer='adam', are created "
                 "there for you)."
@@ -91,6 +93,8 @@ def wrap_compile(original):
                 f"call of the compiled function), got {steps!r}. Use 1 (the "
                 "default) or more."
             )
+        if not _ps_fit.is_parameter_server(strategy):  # (its own checks: placement on the ps)
+            _check_variables(strategy, self.variables, "Model")  # layers built outside the scope
         optimizer = bound.get("optimizer")
         adopt = None
         if isinstance(optimizer, keras.optimizers.Optimizer):  # made outside the scope: adopted if unused

@@ -59,3 +59,33 @@ def range_batches(n: int, batch_size: int, drop_remainder: bool = False):
         return tf.data.Dataset.range(n).batch(batch_size, drop_remainder=drop_remainder)
     stop = n - n % batch_size if drop_remainder else n
     return [np.arange(start, min(start + batch_size, stop), dtype="int64") for start in range(0, stop, batch_size)]
+
+
+def repeated_batches(arrays, repeat: int, batch_size: int, drop_remainder: bool = False):
+    """`tf.data.Dataset.from_tensor_slices(arrays).repeat(repeat).batch(batch_size)`
+    on TensorFlow; on JAX (no tf.data in the JAX-only install) a
+    `keras.utils.PyDataset` of the same batches, reusable like the dataset."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices(arrays).repeat(repeat).batch(batch_size, drop_remainder=drop_remainder)
+    return _RepeatedBatches(arrays, repeat, batch_size, drop_remainder)
+
+
+class _RepeatedBatches(keras.utils.PyDataset):
+    def __init__(self, arrays, repeat, batch_size, drop_remainder):
+        super().__init__()
+        self._arrays = arrays if isinstance(arrays, tuple) else (arrays,)
+        rows = len(self._arrays[0]) * repeat
+        self._order = np.tile(np.arange(len(self._arrays[0])), repeat)
+        self._batch_size = batch_size
+        self._num_batches = rows // batch_size if drop_remainder else -(-rows // batch_size)
+        self._single = not isinstance(arrays, tuple)
+
+    def __len__(self):
+        return self._num_batches
+
+    def __getitem__(self, index):
+        rows = self._order[index * self._batch_size : (index + 1) * self._batch_size]
+        batch = tuple(array[rows] for array in self._arrays)
+        return batch[0] if self._single else batch

@@ -13,7 +13,7 @@ import pytest
 
 import keras_dist
 
-from _helpers import FEATURES, assert_same_logs, assert_same_weights, make_data, mlp
+from _helpers import FEATURES, assert_fit_evaluate_predict_match, assert_same_logs, assert_same_weights, make_data, mlp
 
 STRATEGIES = {
     "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
@@ -126,6 +126,41 @@ def test_a_global_batch_smaller_than_the_replica_count(strategy_name):
         distributed.evaluate(x, y, batch_size=2, verbose=0, return_dict=True),
         atol=1e-6,
     )
+
+
+def _convolutions():
+    """Every convolution Keras' TensorFlow backend sends to tf's oneDNN
+    kernels: Conv1D, Conv2D, DepthwiseConv2D, SeparableConv2D."""
+    keras.utils.set_random_seed(3)
+    return keras.Sequential(
+        [
+            keras.Input((6, 6, 2)),
+            keras.layers.Conv2D(3, 3, padding="same", activation="tanh"),
+            keras.layers.DepthwiseConv2D(3, activation="tanh"),
+            keras.layers.SeparableConv2D(4, 2, padding="same", activation="tanh"),
+            keras.layers.Reshape((16, 4)),
+            keras.layers.Conv1D(2, 3),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("strategy_name", ["mirrored-4", "central-storage-4"])
+def test_convolutions_on_replicas_without_rows(strategy_name):
+    """Batches of 2 (and a last one of 1) on 4 replicas through every kind
+    of convolution: fit, evaluate and predict equal one device. (TensorFlow's
+    oneDNN convolutions gave an empty batch the input's channels: the model
+    failed in the next op.)"""
+    x, y = make_data(9)
+    x = np.random.RandomState(4).normal(size=(9, 6, 6, 2)).astype("float32")
+    reference = _convolutions()
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    with STRATEGIES[strategy_name]().scope():
+        distributed = _convolutions()
+        distributed.set_weights(reference.get_weights())
+        distributed.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size=2, epochs=2)
 
 
 def _float_mlp():

@@ -480,6 +480,23 @@ def _probe_empty_replica_add(mirrored, tmp_path):
     return np.concatenate([np.asarray(v) for v in strategy.experimental_local_results(out)])
 
 
+def _empty_replica_convolution_probe(layer):
+    def probe(mirrored, tmp_path):
+        """`predict` of 3 rows on 4 replicas through one convolution: tf's
+        oneDNN kernel gave the replica without rows the input's channels,
+        and the Dense after it refused the shape."""
+        strategy = mirrored(4)
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential(
+                [keras.Input((5, 5, 2)), layer(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(1)]
+            )
+        x = np.linspace(-1, 1, 150, dtype="float32").reshape(3, 5, 5, 2)
+        return model.predict(x, batch_size=3, verbose=0)
+
+    return probe
+
+
 _TRAINER = "keras.src.trainers.trainer:Trainer"
 _JAX_TRAINER = "keras.src.backend.jax.trainer"
 _TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
@@ -505,6 +522,13 @@ PROBES = {
     "keras.src.backend:rnn": _rnn_probe("LSTM"),  # LSTM on CPU: Keras' generic rnn
     "keras.src.backend:gru": _rnn_probe("GRU"),  # the backend's own GRU loop
     "keras.src.backend.tensorflow.numpy:add": _probe_empty_replica_add,
+    "keras.src.backend.tensorflow.nn:conv": _empty_replica_convolution_probe(lambda: keras.layers.Conv2D(3, 3)),
+    "keras.src.backend.tensorflow.nn:depthwise_conv": _empty_replica_convolution_probe(
+        lambda: keras.layers.DepthwiseConv2D(3, depth_multiplier=2)
+    ),
+    "keras.src.backend.tensorflow.nn:separable_conv": _empty_replica_convolution_probe(
+        lambda: keras.layers.SeparableConv2D(3, 3)
+    ),
     **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
     "keras.src.losses.loss:reduce_values": _probe_reduce_values,

@@ -11,6 +11,15 @@ cell or a residual `Add`) then passes for a bias, and tf refuses the graph
 either operand has a dimension of size 0, the two are added with tf's plain
 add (after Keras' own dtype promotion); otherwise, and everywhere outside a
 replica, Keras' `add` runs unchanged.
+
+TensorFlow's oneDNN convolutions (on by default on x86 CPUs) return an
+empty batch with the input's channels instead of the filters' (`(0, 8, 8,
+3)` for 4 filters), so the next op refused the shapes (a ConvLSTM2D's
+`x + h`, a Dense after pooling). Inside a replica step whose batch may be
+empty, a convolution's output is replaced by an empty one of the right
+shape when its input has no rows (a `cond` on the row count around the
+output only: the convolution runs once); an input known to be empty when
+traced convolves one zero row and keeps none of the result.
 """
 
 from __future__ import annotations
@@ -42,3 +51,44 @@ def wrap_add(original):
         return ops.cast(x1, dtype) + ops.cast(x2, dtype)  # the tensors' own add: tf's, no bias shortcut
 
     return add
+
+
+def _batch_is_empty(inputs):
+    """True, False, or None when the batch size is known only when run."""
+    try:
+        dims = tuple(inputs.shape)
+    except (TypeError, ValueError):  # unknown rank
+        return None
+    if not dims:
+        return False
+    return None if dims[0] is None else dims[0] == 0
+
+
+def wrap_convolution(original):
+    """Wrapper for Keras' TensorFlow `nn.conv`, `nn.depthwise_conv` and
+    `nn.separable_conv` (the input first)."""
+
+    def convolution(inputs, *args, **kwargs):
+        shard = _shard.current()
+        if (shard is None and _context.replica_context() is None) or (shard is not None and not shard.may_be_empty):
+            return original(inputs, *args, **kwargs)
+        ops = keras.ops
+        inputs = ops.convert_to_tensor(inputs)
+        empty = _batch_is_empty(inputs)
+        if empty is False:
+            return original(inputs, *args, **kwargs)
+
+        def on_one_zero_row():
+            padded = ops.pad(inputs, [[0, 1]] + [[0, 0]] * (len(inputs.shape) - 1))  # still depends on `inputs`
+            return original(padded, *args, **kwargs)[:0]
+
+        if empty:
+            return on_one_zero_row()
+        outputs = original(inputs, *args, **kwargs)
+        shape = tuple(outputs.shape)[1:]
+        has_rows = ops.shape(inputs)[0] > 0
+        if all(dim is not None for dim in shape):
+            return ops.cond(has_rows, lambda: outputs, lambda: ops.zeros((0,) + shape, outputs.dtype))
+        return ops.cond(has_rows, lambda: outputs, on_one_zero_row)
+
+    return convolution

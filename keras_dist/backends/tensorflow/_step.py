@@ -26,7 +26,7 @@ def _host_device():
 def slice_for_replica(data):
     """Inside a replica: this replica's contiguous rows of the global batch.
 
-    Returns ``(local_data, local_rows, global_rows, start)``. Shards differ in size
+    Returns a `_shard.Shard` and the local data. Shards differ in size
     by at most one row, larger ones first (see `keras_dist._split`); slicing
     happens on the host so only each replica's rows reach its device.
     """
@@ -42,7 +42,9 @@ def slice_for_replica(data):
         local = tf.nest.map_structure(
             lambda x: None if x is None else x[start : start + size], data
         )
-    return local, size, global_rows, start
+    traced_rows = first.shape[0]  # known in fit/evaluate/predict: one trace per batch size
+    may_be_empty = traced_rows is None or traced_rows < num_replicas
+    return _shard.Shard(size, global_rows, start, may_be_empty), local
 
 
 def replica_step(step_fn, metric_variables, metric_results):
@@ -58,8 +60,7 @@ def replica_step(step_fn, metric_variables, metric_results):
     """
 
     def step(data):
-        local, local_rows, global_rows, start = slice_for_replica(data)
-        shard = _shard.Shard(local_rows, global_rows, start)
+        shard, local = slice_for_replica(data)
         with _shard.shard_scope(shard):
             logs = step_fn(local)
         return _global_logs(logs, metric_variables(), metric_results)
@@ -198,8 +199,9 @@ def make_predict_function(engine, predict_step, run_eagerly: bool):
     """Predict over a list of global batches; rows come back in input order."""
 
     def replica_predict(data):
-        local, _, _, _ = slice_for_replica(data)
-        return predict_step(local)
+        shard, local = slice_for_replica(data)
+        with _shard.shard_scope(shard):
+            return predict_step(local)
 
     def one_batch(data):
         outputs = engine.run(replica_predict, args=(data,))

@@ -140,3 +140,25 @@ def test_startup_keeps_sklearn_and_matplotlib_from_keras_only(lean):
     done = subprocess.run([sys.executable, "-c", _STARTUP_PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == (["True", "True", "True"] if lean else ["False", "False", "True"]), done.stdout
+
+
+@pytest.mark.starts_processes
+def test_run_parts_runs_every_part_and_only_the_first_at_full_priority(tmp_path):
+    """tests/run_parts.py (make test's scheduler): every part runs even if
+    one fails, each log ends with its exit code, and with --nice every part
+    but the first (the critical path) runs that much nicer."""
+    (tmp_path / "Makefile").write_text(
+        "first second:\n\t@python3 -c 'import os; print(\"niceness\", os.nice(0))'\n"
+        "failing:\n\t@exit 3\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "run_parts.py"), "--jobs", "2", "--nice", "5", "--logs", "logs",
+         "first", "failing", "second"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1 and "== failed: failing" in done.stdout, done.stdout
+    own = os.nice(0)
+    logs = {part: (tmp_path / "logs" / f"{part}.log").read_text() for part in ("first", "second", "failing")}
+    assert f"niceness {own}\n" in logs["first"], logs
+    assert f"niceness {min(own + 5, 19)}\n" in logs["second"], logs
+    assert logs["failing"].rstrip().endswith("exit 2"), logs  # make's own code for a failed recipe

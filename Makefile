@@ -17,7 +17,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
-	test-keras-min-tensorflow test-stress test-faults test-zoo bench clean
+	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -78,9 +78,9 @@ demo: install-jax
 # process), in a venv with only that backend, as `pip install ".[jax]"` or
 # `".[tensorflow]"` gives it. The venvs are built first (the two
 # single-backend ones side by side, then their union: .test-logs/venvs.log).
-# Then the suite runs as TEST_PARTS, one pytest run each, four at a time
+# Then the suite runs as TEST_PARTS, one pytest run each, five at a time
 # (tests/run_parts.py): longest first, each part starting as soon as a slot
-# is free, so the four slots end together
+# is free, so the slots end together
 # whatever the parts' lengths become (a fixed list per stream cannot follow
 # them: in the last fixed layout one stream ended 220 s after another).
 # Each part writes its own log, printed when all are done; every part runs,
@@ -97,7 +97,7 @@ demo: install-jax
 TEST_LOGS := .test-logs
 TEST_PARTS := test-tensorflow-in-process test-jax-processes test-tensorflow-processes test-jax-in-process \
 	test-tensorflow-in-process-late test-jax-with-tensorflow test-tensorflow-processes-late
-TEST_SLOTS := 4
+TEST_SLOTS := 5
 #: Every part but the first (TensorFlow's in-process tests, one pytest
 #: process) runs this much nicer: Linux shares the two cores per thread, and
 #: the other parts' workers outnumbered it (in one run it had 6.5 CPU-min in
@@ -166,7 +166,7 @@ durations:
 # input or TensorBoard on JAX) are skipped here, naming the next target.
 JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) $(LEAN_KERAS_IMPORTS) KERAS_BACKEND=jax \
 	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 \
-	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not zoo$(2)" tests
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not zoo and not bench$(2)" tests
 
 test-jax: test-jax-in-process test-jax-processes
 
@@ -190,7 +190,7 @@ TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/t
 TF_PROCESSES_LATE := tests/test_docs.py
 TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) $(LEAN_KERAS_IMPORTS) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
-	  -m "not stress and not faults and not zoo and $(2)" $(3)
+	  -m "not stress and not faults and not zoo and not bench and $(2)" $(3)
 
 test-tensorflow: test-tensorflow-in-process test-tensorflow-in-process-late test-tensorflow-processes \
 	test-tensorflow-processes-late
@@ -241,6 +241,14 @@ test-stress: install
 # replica; the tutorials 3.8 CPU-min).
 test-zoo: install
 	$(call both-backends,zoo,tests/test_zoo.py tests/test_tutorials.py -m zoo)
+
+# The benchmark scripts' quick runs (marker `bench`, tests/test_benchmarks.py:
+# benchmarks/run.py's five configurations, weak scaling, per-worker input,
+# TensorFlow's parameter servers), so `make bench` cannot rot; each starts
+# the benchmark's own processes, 2.2 CPU-min in all, so CI runs them after
+# `make test` instead of inside it. Both backends side by side.
+test-bench: install
+	$(call both-backends,bench,tests/test_benchmarks.py -m bench)
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a

@@ -1,7 +1,9 @@
 """The benchmark suite runs (a tiny configuration), so it cannot rot.
 
 Speed itself is never asserted here: timings on a shared CI machine are
-noise. `make bench` produces the numbers (benchmarks/RESULTS.md).
+noise. `make bench` produces the numbers (benchmarks/RESULTS.md). The quick
+runs (marker `bench`: each starts the benchmark's own processes, 2.2 CPU-min
+on both backends) run in `make test-bench` (CI), not in `make test`.
 """
 
 import json
@@ -30,6 +32,7 @@ def _run_quick(script, output, *options, timeout=300):
 
 @pytest.mark.slow("five benchmark configurations, each in a fresh process as `make bench` runs them (plain Keras, one device, Mirrored x1 and x2, the backend's native path)")
 @pytest.mark.starts_processes
+@pytest.mark.bench
 def test_quick_benchmark_run(tmp_path):
     _run_quick("run.py", tmp_path, "--backends", BACKEND, timeout=600)
     report = json.loads((tmp_path / "results" / "quick.json").read_text())
@@ -47,6 +50,7 @@ def test_quick_benchmark_run(tmp_path):
 
 @pytest.mark.slow("a 1-worker and a 2-worker job, each worker pinned to one core")
 @pytest.mark.starts_processes
+@pytest.mark.bench
 def test_quick_weak_scaling_run(tmp_path):
     """P3's harness: a one-worker and a two-worker job, each pinned to a core."""
     _run_quick("weak_scaling.py", tmp_path, "--backends", BACKEND)
@@ -61,6 +65,7 @@ def test_quick_weak_scaling_run(tmp_path):
 @pytest.mark.slow("2-worker jobs for the DATA, FILE and OFF policies and plain Keras, each worker importing JAX and TensorFlow")
 @pytest.mark.starts_processes
 @pytest.mark.needs_tensorflow
+@pytest.mark.bench
 def test_quick_per_worker_input_run(tmp_path):
     """The per-worker tf.data input benchmark: one 2-worker job timing DATA,
     FILE and OFF input and plain Keras, side by side."""
@@ -117,6 +122,7 @@ def test_a_report_is_written_whole_or_not_at_all(tmp_path):
 
 @pytest.mark.starts_processes
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="times tf's ClusterCoordinator (the TensorFlow engine)")
+@pytest.mark.bench
 def test_quick_parameter_server_run(tmp_path):
     """The exactly-once cost benchmark: one 2-worker 2-ps job timing the same
     step through keras_dist's coordinator and tf's own, every step counted."""

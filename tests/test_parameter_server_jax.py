@@ -319,6 +319,7 @@ def _wait_for(predicate, seconds=60):
         time.sleep(0.01)
 
 
+@pytest.mark.slow("a Ray cluster of its own (2 worker and 1 ps actors), 200 steps, one worker actor killed and restarted (each actor imports Keras and JAX; Ray's CPU is not counted)")
 def test_a_lost_worker_s_functions_run_on_the_others(make_cluster):
     import ray
 

@@ -22,13 +22,11 @@ _local = threading.local()
 class Shard:
     """Row counts (integers or integer scalar tensors) of one replica's step."""
 
-    def __init__(self, local_rows: Any, global_rows: Any, start: Any = None, may_be_empty: bool = True):
+    def __init__(self, local_rows: Any, global_rows: Any, start: Any = None):
         self.local_rows = local_rows
         self.global_rows = global_rows
         #: This replica's first row in the global batch (None: not known).
         self.start = start
-        #: False when the traced global batch has at least a row per replica.
-        self.may_be_empty = may_be_empty
 
 
 @contextlib.contextmanager

@@ -152,23 +152,14 @@ HOOKS: tuple = (
         _TF,
         purpose="a replica with 0 rows: Keras' bias_add shortcut took a (0, n) operand for a bias",
     ),
-    Hook(
-        "keras.src.backend.tensorflow.nn:conv",
-        _empty_replicas.wrap_convolution,
-        _TF,
-        purpose="a replica with 0 rows: tf's oneDNN convolution gave an empty batch the input's channels",
-    ),
-    Hook(
-        "keras.src.backend.tensorflow.nn:depthwise_conv",
-        _empty_replicas.wrap_convolution,
-        _TF,
-        purpose="a replica with 0 rows: tf's oneDNN convolution gave an empty batch the input's channels",
-    ),
-    Hook(
-        "keras.src.backend.tensorflow.nn:separable_conv",
-        _empty_replicas.wrap_convolution,
-        _TF,
-        purpose="a replica with 0 rows: tf's oneDNN convolution gave an empty batch the input's channels",
+    *(
+        Hook(
+            f"keras.src.backend.tensorflow.nn:{name}",
+            _empty_replicas.wrap_convolution,
+            _TF,
+            purpose="a replica with 0 rows: tf's oneDNN convolution gave an empty batch the input's channels",
+        )
+        for name in ("conv", "depthwise_conv", "separable_conv")
     ),
     # variables agree across workers
     Hook(

@@ -15,11 +15,11 @@ replica, Keras' `add` runs unchanged.
 TensorFlow's oneDNN convolutions (on by default on x86 CPUs) return an
 empty batch with the input's channels instead of the filters' (`(0, 8, 8,
 3)` for 4 filters), so the next op refused the shapes (a ConvLSTM2D's
-`x + h`, a Dense after pooling). Inside a replica step whose batch may be
-empty, a convolution's output is replaced by an empty one of the right
-shape when its input has no rows (a `cond` on the row count around the
-output only: the convolution runs once); an input known to be empty when
-traced convolves one zero row and keeps none of the result.
+`x + h`, a Dense after pooling). Inside a replica step, a convolution's
+output is replaced by an empty one of the right shape when its input has
+no rows (a `cond` on the row count around the output only: the
+convolution runs once); an input known to be empty when traced convolves
+one zero row and keeps none of the result.
 """
 
 from __future__ import annotations
@@ -29,21 +29,28 @@ import keras
 from keras_dist import _context, _shard
 
 
-def _has_an_empty_dimension(value) -> bool:
+def _in_a_replica() -> bool:
+    return _shard.current() is not None or _context.replica_context() is not None
+
+
+def _static_dims(value):
+    """`value`'s dimensions as traced (None for one known only when run),
+    or None for a graph tensor of unknown rank."""
     try:
-        dims = tuple(getattr(value, "shape", None) or ())
-    except (TypeError, ValueError):  # a graph tensor of unknown rank
-        return False
-    return any(dim == 0 for dim in dims)
+        return tuple(getattr(value, "shape", None) or ())
+    except (TypeError, ValueError):
+        return None
+
+
+def _has_an_empty_dimension(value) -> bool:
+    return any(dim == 0 for dim in _static_dims(value) or ())
 
 
 def wrap_add(original):
     """Wrapper for Keras' TensorFlow `numpy.add(x1, x2)`."""
 
     def add(x1, x2):
-        if (_shard.current() is None and _context.replica_context() is None) or not (
-            _has_an_empty_dimension(x1) or _has_an_empty_dimension(x2)
-        ):
+        if not _in_a_replica() or not (_has_an_empty_dimension(x1) or _has_an_empty_dimension(x2)):
             return original(x1, x2)
         ops = keras.ops
         x1, x2 = ops.convert_to_tensor(x1), ops.convert_to_tensor(x2)
@@ -55,13 +62,10 @@ def wrap_add(original):
 
 def _batch_is_empty(inputs):
     """True, False, or None when the batch size is known only when run."""
-    try:
-        dims = tuple(inputs.shape)
-    except (TypeError, ValueError):  # unknown rank
+    dims = _static_dims(inputs)
+    if dims is None or (dims and dims[0] is None):
         return None
-    if not dims:
-        return False
-    return None if dims[0] is None else dims[0] == 0
+    return bool(dims) and dims[0] == 0
 
 
 def wrap_convolution(original):
@@ -69,8 +73,7 @@ def wrap_convolution(original):
     `nn.separable_conv` (the input first)."""
 
     def convolution(inputs, *args, **kwargs):
-        shard = _shard.current()
-        if (shard is None and _context.replica_context() is None) or (shard is not None and not shard.may_be_empty):
+        if not _in_a_replica():
             return original(inputs, *args, **kwargs)
         ops = keras.ops
         inputs = ops.convert_to_tensor(inputs)

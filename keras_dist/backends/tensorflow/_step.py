@@ -42,9 +42,7 @@ def slice_for_replica(data):
         local = tf.nest.map_structure(
             lambda x: None if x is None else x[start : start + size], data
         )
-    traced_rows = first.shape[0]  # None in fit/evaluate/predict (BatchSizeFreeFunction traces it unknown)
-    may_be_empty = traced_rows is None or traced_rows < num_replicas
-    return _shard.Shard(size, global_rows, start, may_be_empty), local
+    return _shard.Shard(size, global_rows, start), local
 
 
 def replica_step(step_fn, metric_variables, metric_results):

@@ -35,6 +35,18 @@ def test_fit_evaluate_predict_match_single_device(num_replicas, optimizer, case)
     assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size, epochs=1)
 
 
+def test_an_optimizer_writing_its_own_state_in_the_replica_step_trains_as_one_device():
+    """Keras' Nadam assigns its momentum product inside the replica step (an
+    aggregation "none" variable, the same value on every replica); tf's
+    CentralStorageStrategy refused it ("You must specify an aggregation
+    method to update a AggregatingVariable in Replica Context").
+    tests/test_optimizer_zoo.py covers every Keras optimizer (make test-zoo)."""
+    num_samples, batch_size, _ = CASES["batch10-partial"]
+    x, y = make_data(num_samples)
+    reference, distributed = twin(central(4), optimizer="nadam")
+    assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size, epochs=1)
+
+
 @pytest.mark.parametrize("num_replicas", [1, 4])
 @pytest.mark.parametrize("case", ["batch10-partial", "partial-1003-64"])
 def test_custom_loop_matches_single_device(num_replicas, case):

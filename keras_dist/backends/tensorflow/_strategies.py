@@ -80,14 +80,14 @@ class _CentralStorageExtended(parameter_server_strategy.ParameterServerStrategyE
     """
 
     def _create_var_creator(self, next_creator, **kwargs):
-        if tf.executing_eagerly() or self._num_replicas_in_sync <= 1:
+        if self._num_replicas_in_sync <= 1:
             return super()._create_var_creator(next_creator, **kwargs)
         aggregation = kwargs.pop("aggregation", tf.VariableAggregation.NONE)
         super()._create_var_creator(next_creator, aggregation=aggregation, **kwargs)  # tf's checks
 
         def var_creator(**kwargs):
             kwargs.pop("collections", None)
-            return ps_values.AggregatingVariable(self._container_strategy(), next_creator(**kwargs), aggregation)
+            return _CentralVariable(self._container_strategy(), next_creator(**kwargs), aggregation)
 
         return var_creator
 
@@ -124,6 +124,53 @@ class _CentralStorageExtended(parameter_server_strategy.ParameterServerStrategyE
             distribute_utils.VARIABLE_POLICY_MAPPING,
             **kwargs,
         )
+
+
+class _CentralVariable(ps_values.AggregatingVariable):
+    """tf's AggregatingVariable (one copy, on the parameter device), whose
+    aggregation "none" means what it means on JAX: written inside `run`, a
+    value that is the same on every replica is written once (Keras' Nadam
+    writes its momentum product so; tf refuses every such write), and one
+    that differs raises, naming the fix."""
+
+    def _assign_func(self, *args, **kwargs):
+        if self._aggregation != tf.VariableAggregation.NONE:
+            return super()._assign_func(*args, **kwargs)
+        with distribute_lib.enter_or_assert_strategy(self._distribute_strategy):
+            if distribute_lib.in_cross_replica_context():
+                return super()._assign_func(*args, **kwargs)
+            update = kwargs.pop("f")
+
+            def merge_fn(strategy, value, use_locking=False, name=None, read_value=True):
+                first = _same_on_every_replica(strategy, value, self.name.split(":")[0])
+                return strategy.extended.update(
+                    self, update, args=(first,), kwargs={"use_locking": use_locking, "read_value": read_value}
+                )
+
+            return distribute_lib.get_replica_context().merge_call(merge_fn, args=args, kwargs=kwargs)
+
+
+def _same_on_every_replica(strategy, value, name):
+    """Replica 0's `value` (a PerReplica, or one value), after checking
+    every replica's equals it."""
+    values = strategy.experimental_local_results(value)
+    first = tf.convert_to_tensor(values[0])
+    checks = [
+        tf.debugging.assert_equal(
+            first,
+            other,
+            message=(
+                f"Variable {name!r} is updated inside strategy.run with a value that differs "
+                "across replicas, but its aggregation is 'none', so there is no one value to "
+                "give it (tf.distribute: 'You must specify an aggregation method to update a "
+                "AggregatingVariable in Replica Context'). Create it with aggregation='sum', "
+                "'mean' or 'only_first_replica', or write it outside strategy.run."
+            ),
+        )
+        for other in values[1:]
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(first)
 
 
 class _GlobalBatchCentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):

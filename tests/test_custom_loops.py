@@ -628,6 +628,51 @@ def test_iterating_a_distributed_dataset_inside_a_tf_function():
     assert results == {"first": float(np.arange(16).sum()), "every": float(np.arange(32).sum())}
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function is TensorFlow's")
+@pytest.mark.parametrize("strategy_name", list(_LOOP_STRATEGIES))
+@pytest.mark.parametrize("outer", ["eager", "tf.function"])
+def test_a_tf_function_given_to_run_trains_as_one_device(strategy_name, outer):
+    """A `tf.function` step given to `strategy.run` (tf-keras's
+    ctl_correctness_test does it, called eagerly or from another
+    tf.function): tf.distribute runs its Python function on every replica
+    inside one clone of it; keras_dist ran the function itself per replica,
+    and `apply_gradients` inside failed ("merge_call called while defining
+    a new graph"), under every strategy. Three steps on 23 rows in batches
+    of 10 (a partial last batch), SGD: one device's losses and weights."""
+    import tensorflow as tf
+
+    x, y = make_data(23)
+    batches = _numpy_batches((x, y), 10)
+    loss_object = keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+
+    def train(strategy, model, optimizer):
+        @tf.function
+        def step_fn(inputs):
+            features, labels = inputs
+            with tf.GradientTape() as tape:
+                loss = keras_dist.compute_average_loss(loss_object(labels, model(features, training=True)))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        def step(inputs):
+            return strategy.reduce("SUM", strategy.run(step_fn, args=(inputs,)), axis=None)
+
+        step = tf.function(step) if outer == "tf.function" else step
+        return [float(step(inputs)) for inputs in strategy.experimental_distribute_dataset(batches)]
+
+    reference = _model()
+    expected = train(keras_dist.get_strategy(), reference, keras.optimizers.SGD(0.1))
+    strategy = _LOOP_STRATEGIES[strategy_name]()
+    with strategy.scope():
+        model = _model()
+        optimizer = keras.optimizers.SGD(0.1)
+    losses = train(strategy, model, optimizer)
+    np.testing.assert_allclose(losses, expected, atol=1e-6, rtol=1e-6)
+    for a, b in zip(reference.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX compiles a step per input placement")
 @pytest.mark.parametrize("outer_jit", [False, True], ids=["run", "jit-of-run"])
 @pytest.mark.parametrize(

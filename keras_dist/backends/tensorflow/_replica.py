@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.distribute import values as tf_values
@@ -122,6 +123,12 @@ class _ReplicaOps(ReplicaOps):
 
 
 def run(strategy, engine, fn, args, kwargs):
+    if isinstance(fn, tf.types.experimental.PolymorphicFunction) and hasattr(fn, "_clone"):
+        return _lifted(strategy, engine, fn)(*args, **kwargs)
+    return _run_python(strategy, engine, fn, args, kwargs)
+
+
+def _run_python(strategy, engine, fn, args, kwargs):
     def replica_fn(*replica_args, **replica_kwargs):
         tf_context = tf.distribute.get_replica_context()
         context = _context.ReplicaContext(
@@ -131,6 +138,29 @@ def run(strategy, engine, fn, args, kwargs):
             return fn(*replica_args, **replica_kwargs)
 
     return engine.run(replica_fn, args=args, kwargs=kwargs)
+
+
+#: engine -> {tf.function passed to run -> its lifted clone}
+_lifted_functions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _lifted(strategy, engine, fn):
+    """A `tf.function` given to `run` becomes, as in tf.distribute's own
+    `run`, a clone of itself (same arguments: jit_compile, signature) whose
+    body runs its Python function on every replica. Run as given, each
+    replica would trace it as a function of its own, and a synchronisation
+    point inside (an all-reduce, `apply_gradients`) fails there: "merge_call
+    called while defining a new graph". One clone per (strategy, function)."""
+    clones = _lifted_functions.setdefault(engine, weakref.WeakKeyDictionary())
+    clone = clones.get(fn)
+    if clone is None:
+        python_function = fn.python_function
+
+        def each_replica(*args, **kwargs):
+            return _run_python(strategy, engine, python_function, args, kwargs)
+
+        clone = clones[fn] = fn._clone(python_function=each_replica)
+    return clone
 
 
 def reduce(engine, reduce_op, value, axis):

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import keras
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from keras_dist import _moments, _shard
+from keras_dist import _metric_state, _moments, _shard
 from keras_dist.backends.jax._engine import BATCH_AXIS
 
 
@@ -85,34 +84,6 @@ def global_moments(inputs, axes, mask):
     return _moments.global_moments(inputs, axes, mask, packed_psum)
 
 
-def _combine_metric_variables(variables, old, new, num_replicas):
-    """Each metric variable's value over all replicas, by its aggregation.
-
-    "sum": the old value plus every replica's change; "mean": the mean;
-    "only_first_replica": replica 0's; anything else stays as is.
-    """
-    combined = list(new)
-    summed = [i for i, v in enumerate(variables) if v.aggregation == "sum"]
-    averaged = [i for i, v in enumerate(variables) if v.aggregation == "mean"]
-    first = [i for i, v in enumerate(variables) if v.aggregation == "only_first_replica"]
-    is_first = jax.lax.axis_index(BATCH_AXIS) == 0
-    parts = (
-        [new[i] - old[i] for i in summed]
-        + [new[i] for i in averaged]
-        + [jnp.where(is_first, new[i], jnp.zeros_like(new[i])) for i in first]
-    )
-    if not parts:
-        return combined
-    reduced = iter(packed_psum(parts))
-    for i in summed:
-        combined[i] = old[i] + next(reduced)
-    for i in averaged:
-        combined[i] = (next(reduced) / num_replicas).astype(new[i].dtype)
-    for i in first:
-        combined[i] = next(reduced)
-    return combined
-
-
 def make_train_step(engine, model):
     """`step(state, data) -> (logs, state)` to jit: Keras' step per replica."""
     num = engine.num_replicas
@@ -123,16 +94,12 @@ def make_train_step(engine, model):
             logs, new_state = model.train_step(state, data)
         *rest, metrics = new_state
         variables = model.metrics_variables
-        metrics = _combine_metric_variables(variables, list(state[3]), list(metrics), num)
-        if isinstance(logs, dict):
-            with keras.StatelessScope(state_mapping=list(zip(variables, metrics))):
-                results = model.get_metrics_result()
-            logs = {
-                key: results[key] if key in results else jax.lax.pmean(value, BATCH_AXIS)
-                for key, value in logs.items()
-            }
-        else:
-            logs = jax.tree_util.tree_map(lambda v: jax.lax.pmean(v, BATCH_AXIS), logs)
+        metrics = _metric_state.combine_by_aggregation(  # every replica started from the same values
+            variables, metrics, packed_psum, jax.lax.axis_index(BATCH_AXIS) == 0, num, starts=list(state[3])
+        )
+        logs = _metric_state.global_logs(
+            logs, variables, lambda: metrics, model.get_metrics_result, lambda v: jax.lax.pmean(v, BATCH_AXIS)
+        )
         return logs, (*rest, metrics)
 
     def step(state, data):

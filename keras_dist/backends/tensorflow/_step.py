@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_dist import _heartbeat as heartbeat
-from keras_dist import _moments, _shard
+from keras_dist import _metric_state, _moments, _shard
 from keras_dist._engine_kind import EngineKind
 from keras_dist.backends.tensorflow import _cluster
 
@@ -67,45 +67,20 @@ def replica_step(step_fn, metric_variables, metric_results):
 
 
 def _global_logs(logs, variables, metric_results):
-    import keras
-
     context = tf.distribute.get_replica_context()
-    if not isinstance(logs, dict):  # a custom train_step's own structure
-        return tf.nest.map_structure(
-            lambda v: context.all_reduce(tf.distribute.ReduceOp.MEAN, v), logs
+
+    def combined():  # a sync-on-read metric variable holds this replica's part
+        return _metric_state.combine_by_aggregation(
+            variables,
+            [tf.convert_to_tensor(v.value) for v in variables],
+            lambda parts: context.all_reduce(tf.distribute.ReduceOp.SUM, parts),
+            tf.equal(tf.cast(context.replica_id_in_sync_group, tf.int32), 0),
+            context.num_replicas_in_sync,
         )
-    values = _all_reduce_variables(context, variables)
-    with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-        results = metric_results()
-    return {
-        key: results[key]
-        if key in results
-        else context.all_reduce(tf.distribute.ReduceOp.MEAN, value)
-        for key, value in logs.items()
-    }
 
-
-def _all_reduce_variables(context, variables):
-    """Each variable's value over all replicas, by its aggregation."""
-    local = [tf.convert_to_tensor(v.value) for v in variables]
-    ops = {"sum": tf.distribute.ReduceOp.SUM, "mean": tf.distribute.ReduceOp.MEAN}
-    reduced = list(local)
-    for aggregation, op in ops.items():
-        indices = [i for i, v in enumerate(variables) if v.aggregation == aggregation]
-        if indices:
-            out = context.all_reduce(op, [local[i] for i in indices])
-            for i, value in zip(indices, out):
-                reduced[i] = value
-    first = [i for i, v in enumerate(variables) if v.aggregation == "only_first_replica"]
-    if first:
-        is_first = tf.equal(tf.cast(context.replica_id_in_sync_group, tf.int32), 0)
-        masked = [
-            local[i] * tf.cast(is_first, local[i].dtype) for i in first
-        ]
-        out = context.all_reduce(tf.distribute.ReduceOp.SUM, masked)
-        for i, value in zip(first, out):
-            reduced[i] = value
-    return reduced
+    return _metric_state.global_logs(
+        logs, variables, combined, metric_results, lambda v: context.all_reduce(tf.distribute.ReduceOp.MEAN, v)
+    )
 
 
 class BatchSizeFreeFunction:

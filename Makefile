@@ -238,12 +238,13 @@ test-stress: install
 # and its input tutorial (a wait under make test's load: see its marker),
 # and every optimizer Keras ships under those three strategies, built
 # lazily and eagerly (tests/test_optimizer_zoo.py, about 1 CPU-min each),
-# and tf-keras's ctl_correctness_test ported (TensorFlow, 129 cases, 2 CPU-min).
+# and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
+# keras_save_load_test (91 cases per backend, 1.2 CPU-min) ported.
 # Both backends side by side (CI runs it after `make test`; measured: the
 # application about 4 CPU-min, mostly TensorFlow's tracing of every
 # replica; the tutorials 3.8 CPU-min).
 test-zoo: install
-	$(call both-backends,zoo,tests/test_zoo.py tests/test_optimizer_zoo.py tests/test_tutorials.py tests/peer/test_peer_ctl_correctness.py -m zoo)
+	$(call both-backends,zoo,tests/test_zoo.py tests/test_optimizer_zoo.py tests/test_tutorials.py tests/peer/test_peer_ctl_correctness.py tests/peer/test_peer_keras_save_load.py -m zoo)
 
 # The benchmark scripts' quick runs (marker `bench`, tests/test_benchmarks.py:
 # benchmarks/run.py's five configurations, weak scaling, per-worker input,

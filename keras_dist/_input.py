@@ -588,7 +588,7 @@ class DistributedDataset(metaclass=abc.ABCMeta):
     #: `fit`/`evaluate`/`predict` train on in its place), as
     #: `keras_dist.strategies._arguments._trains_as` marks the engine's own distributed
     #: datasets (`keras_dist._hooks._distributed_input` reads both). The
-    #: default strategy's: no maker.
+    #: default strategy's maker is None (a model made outside any scope).
     _keras_dist_trains_as: tuple = (None, None)
     _count: Optional[Callable[[], Optional[int]]] = None
 

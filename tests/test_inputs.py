@@ -1,5 +1,7 @@
 """Every input kind and model kind trains exactly as on one device."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import keras
@@ -309,7 +311,7 @@ def _distributed(strategy, source, x, y):
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-@pytest.mark.parametrize("strategy_name", list(_STRATEGIES))
+@pytest.mark.parametrize("strategy_name", [*_STRATEGIES, "default"])
 @pytest.mark.parametrize(
     "source, built",
     [("experimental_distribute_dataset", True), ("distribute_datasets_from_function", False)],
@@ -326,7 +328,10 @@ def test_fit_evaluate_predict_take_a_distributed_dataset_as_one_device_its_globa
     history_ref = reference.fit(
         x, y, batch_size=_GLOBAL, epochs=2, shuffle=False, verbose=0, validation_data=(x[:12], y[:12])
     )
-    strategy = _STRATEGIES[strategy_name]()
+    # the default strategy: a model made outside any scope (on JAX it refused
+    # its distributed datasets: "Unrecognized data type"; found by tf-keras's
+    # distribute_strategy_test)
+    strategy = keras_dist.get_strategy() if strategy_name == "default" else _STRATEGIES[strategy_name]()
     with strategy.scope():
         model = _sequential(built)
         model.compile(keras.optimizers.SGD(0.1), "mse", metrics=["mae"])
@@ -375,6 +380,34 @@ def test_fit_takes_a_distributed_tf_data_dataset_as_one_device(source):
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 8  # 4 global batches, 2 epochs
 
 
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="Keras' TensorFlow trainer")
+def test_keras_tensorflow_counts_one_step_more_per_epoch_on_data_of_unknown_size():
+    """Found porting tf-keras's distribute_strategy_test: plain Keras 3 on
+    TensorFlow ends an epoch over data of unknown size (a generator, a
+    filtered tf.data dataset) with `optimizer.iterations` one above the
+    steps it took (the optimizer's counter moves in the step that finds
+    the data exhausted), so Adam's bias correction and learning-rate
+    schedules run one step ahead from the second epoch. keras_dist's steps
+    read each batch before the step starts and count right; under one
+    replica Keras' own step runs, as on one device. This guard fails when
+    a Keras release fixes it (then OneDeviceStrategy and MirroredStrategy
+    count alike again)."""
+
+    def batches():
+        x, y = make_data(32, seed=5)
+        for start in range(0, 32, 8):
+            yield x[start : start + 8], y[start : start + 8].reshape(-1, 1).astype("float32")
+
+    counts = {}
+    for name, strategy in (("one device", None), ("mirrored-4", _STRATEGIES["mirrored-4"]())):
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            model = _sequential(True)
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.fit(batches(), epochs=1, verbose=0)
+        counts[name] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    assert counts == {"one device": 5, "mirrored-4": 4}
+
+
 def test_a_distributed_dataset_of_another_strategy_or_with_y_is_refused_before_training():
     x, y = make_data(_ROWS, seed=5)
     y = y.reshape(-1, 1).astype("float32")
@@ -391,6 +424,10 @@ def test_a_distributed_dataset_of_another_strategy_or_with_y_is_refused_before_t
         model.fit(strategy.experimental_distribute_dataset([(x, y)]), y, verbose=0)
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+    plain = _sequential(True)  # outside any scope
+    plain.compile(keras.optimizers.SGD(0.1), "mse")
+    with pytest.raises(ValueError, match="made by MirroredStrategy.*was made outside any strategy's scope"):
+        plain.fit(strategy.experimental_distribute_dataset([(x, y)]), verbose=0)
 
 
 def _doctests_pass(module):

@@ -2,7 +2,7 @@
 
 tf.keras trained on the result of `strategy.experimental_distribute_dataset`
 or `distribute_datasets_from_function`; Keras 3 refuses keras_dist's own
-(`Unrecognized data type`). Under the strategy that made it, the call gets
+(`Unrecognized data type`). Under the strategy that made it (the default strategy: a model made outside any scope), the call gets
 its global batches instead, through a Keras `DataAdapter` (Keras takes one
 as input as it is): a fresh pass each epoch, as tf.data's datasets give.
 A step's global batch is the one the dataset splits (for a dataset from a
@@ -92,9 +92,10 @@ def replace_distributed_datasets(name: str, signature, strategy, model, args, kw
         owner, make_source = value._keras_dist_trains_as
         if owner is not strategy:
             made_by = "the default strategy (no scope)" if owner is None else repr(owner)
+            belongs = "was made outside any strategy's scope" if strategy is None else f"belongs to {strategy!r}"
             raise ValueError(
                 f"{what} is a distributed dataset made by {made_by}, but the model "
-                f"belongs to {strategy!r}. Its replicas' shards would not be this "
+                f"{belongs}. Its replicas' shards would not be this "
                 "strategy's: distribute the dataset with the model's own strategy, "
                 "or pass the undistributed dataset."
             )

@@ -121,7 +121,8 @@ def wrap_entry(name: str):
         def entry(self, *args, **kwargs):
             strategy = model_strategy(self)
             _check_scope(self, strategy, name)
-            if strategy is None:
+            if strategy is None:  # plain Keras, given the default strategy's distributed datasets' batches
+                args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, None, self, args, kwargs)
                 return original(self, *args, **kwargs)
             if _ps_fit.is_parameter_server(strategy) and name in ("fit", "train_on_batch"):
                 return _parameter_server_fit(self, strategy, name, signature, args, kwargs)

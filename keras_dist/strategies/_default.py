@@ -47,7 +47,7 @@ class _DefaultStrategy(Strategy):
     def experimental_distribute_dataset(self, dataset, options=None):
         # The batches as the backend takes them (numpy on JAX, tensors on
         # TensorFlow), so one loop serves every strategy.
-        from keras_dist._input import DistributedDataset, OnePass, check_dataset
+        from keras_dist._input import DistributedDataset, OnePass, check_dataset, known_length
 
         options = _input_options("experimental_distribute_dataset", options)
         check_dataset(dataset)
@@ -56,11 +56,14 @@ class _DefaultStrategy(Strategy):
         if native is not None:
             return native
         batches = lambda: adapter.iterate_batches(dataset)  # noqa: E731
+        # fit/evaluate/predict of a model made outside any scope take its
+        # batches, as many as the source says (unknown, Keras' TensorFlow
+        # trainer counts one more optimizer step per epoch)
         return DistributedDataset(
             OnePass(batches, dataset) if OnePass.needed(dataset) else batches,
             lambda b: b,
             buffer_size=options.experimental_per_replica_buffer_size,
-        )
+        )._made_by(None, count=lambda: known_length(dataset))
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         from keras_dist._input import InputContext

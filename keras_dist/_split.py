@@ -1,4 +1,5 @@
-"""How a global batch is split across replicas (pure arithmetic)."""
+"""How a global batch is split across replicas: arithmetic on ints, or on a
+backend's integer tensors where a size is known only as the step runs."""
 
 from __future__ import annotations
 
@@ -30,6 +31,25 @@ def shard_bounds(global_size: int, num_replicas: int) -> list[tuple[int, int]]:
         bounds.append((start, start + size))
         start += size
     return bounds
+
+
+def replica_shard(global_size, num_replicas: int, replica):
+    """``(start, size)`` of `replica`'s rows, as `shard_bounds` splits them,
+    for sizes known only as the step runs: `global_size` and `replica` may
+    be integer scalar tensors of the backend (a traced batch size).
+
+    >>> replica_shard(10, 4, 2)
+    (6, 2)
+    """
+    base, extra = global_size // num_replicas, global_size % num_replicas
+    if isinstance(global_size, int) and isinstance(replica, int):
+        return replica * base + min(replica, extra), base + (1 if replica < extra else 0)
+    import keras
+    from keras import ops
+
+    start = replica * base + ops.minimum(replica, extra)
+    dtype = keras.backend.standardize_dtype(getattr(base, "dtype", "int32"))
+    return start, base + ops.cast(ops.less(replica, extra), dtype)
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:

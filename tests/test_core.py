@@ -1,5 +1,6 @@
 """The backend-agnostic core: names, devices, splitting, contexts."""
 
+import keras
 import pytest
 
 import keras_dist
@@ -101,3 +102,17 @@ def test_cross_device_ops_accepted():
 def test_cross_device_ops_of_the_wrong_type(bad):
     with pytest.raises(TypeError, match=r"cross_device_ops must be one of keras_dist\.NcclAllReduce\(\)"):
         keras_dist.MirroredStrategy(cross_device_ops=bad)
+
+
+@pytest.mark.parametrize("total", [0, 1, 2, 7, 10, 64])
+def test_replica_shard_is_shard_bounds_for_ints_and_traced_tensors(total):
+    """The one split, for sizes known only as the step runs (the
+    TensorFlow step slices its rows with tensors)."""
+    for replicas in (1, 3, 4):
+        bounds = _split.shard_bounds(total, replicas)
+        for replica, (begin, end) in enumerate(bounds):
+            assert _split.replica_shard(total, replicas, replica) == (begin, end - begin)
+            start, size = _split.replica_shard(
+                keras.ops.convert_to_tensor(total, "int32"), replicas, keras.ops.convert_to_tensor(replica, "int32")
+            )
+            assert (int(start), int(size)) == (begin, end - begin)

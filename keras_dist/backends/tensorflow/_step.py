@@ -15,6 +15,7 @@ import tensorflow as tf
 from keras_dist import _heartbeat as heartbeat
 from keras_dist import _metric_state, _moments, _shard
 from keras_dist._engine_kind import EngineKind
+from keras_dist._split import replica_shard
 from keras_dist.backends.tensorflow import _cluster
 
 
@@ -36,9 +37,7 @@ def slice_for_replica(data):
     first = next(x for x in tf.nest.flatten(data) if x is not None)
     with tf.device(_host_device()):
         global_rows = tf.shape(first)[0]
-        base, extra = global_rows // num_replicas, global_rows % num_replicas
-        start = replica * base + tf.minimum(replica, extra)
-        size = base + tf.cast(replica < extra, tf.int32)
+        start, size = replica_shard(global_rows, num_replicas, replica)
         local = tf.nest.map_structure(
             lambda x: None if x is None else x[start : start + size], data
         )

@@ -17,7 +17,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
-	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean
+	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
+	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -239,12 +240,31 @@ test-stress: install
 # and every optimizer Keras ships under those three strategies, built
 # lazily and eagerly (tests/test_optimizer_zoo.py, about 1 CPU-min each),
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
-# keras_save_load_test (91 cases per backend, 1.2 CPU-min) ported.
+# keras_save_load_test (91 cases per backend, 1.2 CPU-min) and two classes
+# of distribute_strategy_test (93 cases per backend, 1 CPU-min) ported.
 # Both backends side by side (CI runs it after `make test`; measured: the
 # application about 4 CPU-min, mostly TensorFlow's tracing of every
 # replica; the tutorials 3.8 CPU-min).
+# Three pytest runs, side by side (tests/run_parts.py): JAX's, and
+# TensorFlow's in two (the application alone, the rest), so neither
+# backend's run is left alone on the two cores at the end (as one run each,
+# TensorFlow's took 647 s and JAX's 352).
+ZOO_FILES := tests/test_optimizer_zoo.py tests/test_tutorials.py tests/peer/test_peer_ctl_correctness.py \
+	tests/peer/test_peer_keras_save_load.py tests/peer/test_peer_distribute_strategy_keras_models.py
+ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
+
 test-zoo: install
-	$(call both-backends,zoo,tests/test_zoo.py tests/test_optimizer_zoo.py tests/test_tutorials.py tests/peer/test_peer_ctl_correctness.py tests/peer/test_peer_keras_save_load.py -m zoo)
+	@rm -f $(TEST_LOGS)/test-zoo-*.log $(TEST_LOGS)/durations/zoo-*.json; mkdir -p $(TEST_LOGS)/durations
+	@$(PYTHON) tests/run_parts.py --jobs 3 --logs $(TEST_LOGS) test-zoo-tensorflow test-zoo-jax test-zoo-tensorflow-application
+
+test-zoo-jax: install
+	$(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES))
+
+test-zoo-tensorflow: install
+	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES))
+
+test-zoo-tensorflow-application: install
+	$(call ZOO_TESTS,tensorflow-application,tensorflow,tests/test_zoo.py)
 
 # The benchmark scripts' quick runs (marker `bench`, tests/test_benchmarks.py:
 # benchmarks/run.py's five configurations, weak scaling, per-worker input,

@@ -565,7 +565,9 @@ def test_a_tf_data_dataset_made_and_iterated_on_each_worker(one_one):
 def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_cluster, monkeypatch):
     from keras_dist.backends.jax._ray_actors import ParameterServerError
 
-    monkeypatch.setenv("KERAS_DIST_PS_TIMEOUT", "3")
+    # 10 s, not less: under make test's load a healthy ps's first answer
+    # (its first update compiles) took over 3 s once (CI, 985a215)
+    monkeypatch.setenv("KERAS_DIST_PS_TIMEOUT", "10")
     strategy, coordinator = make_cluster(1, 1)
     cluster = _cluster(strategy)
     with strategy.scope():
@@ -575,12 +577,12 @@ def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_clus
     batch = _batches(*_task(32), 32)[0]
     coordinator.schedule(step, args=(iter([batch]),))
     coordinator.join()
-    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(20))  # the ps hangs (alive, busy)
+    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(60))  # the ps hangs (alive, busy)
     start = time.monotonic()
     coordinator.schedule(step, args=(iter([batch]),))
-    with pytest.raises(ParameterServerError, match="did not answer within 3.0 s"):
+    with pytest.raises(ParameterServerError, match="did not answer within 10.0 s"):
         coordinator.join()
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 40
 
 
 def test_a_model_compiled_after_a_custom_loop_used_it_trains_with_fit_s_step(one_one):

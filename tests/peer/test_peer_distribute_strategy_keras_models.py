@@ -33,6 +33,9 @@ and the helpers they use). Changes, all of them:
   (`SparseTensor`, `RaggedTensor` outputs) run on TensorFlow only.
 - Expected to fail (strict `xfail`, reason on each): Keras 3 differences
   that plain Keras 3 shows too.
+- It runs in `make test-zoo` (1 CPU-min over both backends, more than
+  `make test`'s budget holds); what it found is tested in `make test` by
+  tests/test_inputs.py.
 - Not ported: `test_custom_gradient_transformation` (legacy optimizers'
   `gradient_transformers`, which Keras 3 lacks), the three
   `test_distribution_strategy_with_add_metric_*` methods (`add_metric`,
@@ -47,6 +50,8 @@ import pytest
 import _combinations
 import keras_dist
 from _combinations import strategies_minus_tpu, strategies_minus_default_minus_tpu
+
+pytestmark = pytest.mark.zoo  # 93 cases, 1 CPU-min over both backends: make test-zoo
 
 BACKEND = _combinations.BACKEND
 _RANDOM_SEED = 1337

@@ -242,13 +242,12 @@ test-stress: install
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
 # keras_save_load_test (91 cases per backend, 1.2 CPU-min) and two classes
 # of distribute_strategy_test (93 cases per backend, 1 CPU-min) ported.
-# Both backends side by side (CI runs it after `make test`; measured: the
-# application about 4 CPU-min, mostly TensorFlow's tracing of every
-# replica; the tutorials 3.8 CPU-min).
-# Three pytest runs, side by side (tests/run_parts.py): JAX's, and
-# TensorFlow's in two (the application alone, the rest), so neither
-# backend's run is left alone on the two cores at the end (as one run each,
-# TensorFlow's took 647 s and JAX's 352).
+# CI runs it after `make test` (measured: the application about 4 CPU-min,
+# mostly TensorFlow's tracing of every replica; the tutorials 3.8 CPU-min),
+# as three pytest runs side by side (tests/run_parts.py): JAX's, and
+# TensorFlow's in two (the application alone, the rest), so no run is left
+# alone on the two cores at the end (as one run per backend, TensorFlow's
+# took 647 s and JAX's 352).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/test_tutorials.py tests/peer/test_peer_ctl_correctness.py \
 	tests/peer/test_peer_keras_save_load.py tests/peer/test_peer_distribute_strategy_keras_models.py
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)

@@ -577,12 +577,12 @@ def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_clus
     batch = _batches(*_task(32), 32)[0]
     coordinator.schedule(step, args=(iter([batch]),))
     coordinator.join()
-    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(60))  # the ps hangs (alive, busy)
+    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(30))  # the ps hangs (alive, busy)
     start = time.monotonic()
     coordinator.schedule(step, args=(iter([batch]),))
     with pytest.raises(ParameterServerError, match="did not answer within 10.0 s"):
         coordinator.join()
-    assert time.monotonic() - start < 40
+    assert time.monotonic() - start < 28  # before the ps answers again
 
 
 def test_a_model_compiled_after_a_custom_loop_used_it_trains_with_fit_s_step(one_one):

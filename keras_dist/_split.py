@@ -41,12 +41,13 @@ def replica_shard(global_size, num_replicas: int, replica):
     >>> replica_shard(10, 4, 2)
     (6, 2)
     """
-    base, extra = global_size // num_replicas, global_size % num_replicas
     if isinstance(global_size, int) and isinstance(replica, int):
-        return replica * base + min(replica, extra), base + (1 if replica < extra else 0)
+        begin, end = shard_bounds(global_size, num_replicas)[replica]
+        return begin, end - begin
     import keras
     from keras import ops
 
+    base, extra = global_size // num_replicas, global_size % num_replicas
     start = replica * base + ops.minimum(replica, extra)
     dtype = keras.backend.standardize_dtype(getattr(base, "dtype", "int32"))
     return start, base + ops.cast(ops.less(replica, extra), dtype)

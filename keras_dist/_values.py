@@ -47,3 +47,19 @@ class Mirrored(DistributedValues):
     @property
     def values(self) -> tuple:
         return self._values
+
+
+def differs_across_replicas_message(name: str, aggregation: str, tf_variable_class: str) -> str:
+    """The error for a variable with no aggregation written inside
+    `strategy.run` with values that differ across replicas (both backends;
+    `tf_variable_class` names the class tf's own message names)."""
+    return (
+        f"Variable {name!r} is updated inside strategy.run with a "
+        "value that differs across replicas, but its aggregation is "
+        f"{aggregation!r}, so there is no one value to give it (tf.distribute: "
+        "'You must specify an aggregation method to update a "
+        f"{tf_variable_class} in Replica Context'). Create it with "
+        "aggregation='sum', 'mean' or 'only_first_replica' (e.g. "
+        "keras.Variable(0.0, aggregation='sum')), or update it outside "
+        "strategy.run from the reduced value."
+    )

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import keras
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from keras_dist._values import differs_across_replicas_message
 from keras_dist.backends.jax._engine import BATCH_AXIS, replicated_sharding
 
 ON_READ = "on_read"
@@ -222,16 +223,7 @@ class VariableAccess(keras.StatelessScope):
         if aggregation == "only_first_replica":
             first = jax.lax.axis_index(BATCH_AXIS) == 0
             return jax.lax.psum(jnp.where(first, value, jnp.zeros_like(value)), BATCH_AXIS)
-        raise ValueError(
-            f"Variable {variable.path!r} is updated inside strategy.run with a "
-            "value that differs across replicas, but its aggregation is "
-            f"{aggregation!r}, so there is no one value to give it (tf.distribute: "
-            "'You must specify an aggregation method to update a "
-            "MirroredVariable in Replica Context'). Create it with "
-            "aggregation='sum', 'mean' or 'only_first_replica' (e.g. "
-            "keras.Variable(0.0, aggregation='sum')), or update it outside "
-            "strategy.run from the reduced value."
-        )
+        raise ValueError(differs_across_replicas_message(variable.path, aggregation, "MirroredVariable"))
 
     def written_values(self) -> list:
         """The written variables' new values, as the program returns them

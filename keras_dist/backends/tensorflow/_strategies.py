@@ -12,6 +12,8 @@ from tensorflow.python.distribute import parameter_server_strategy
 from tensorflow.python.distribute import ps_values
 from tensorflow.python.eager import context as tf_context
 
+from keras_dist._values import differs_across_replicas_message
+
 
 
 def _local_task() -> str:
@@ -159,13 +161,7 @@ def _same_on_every_replica(strategy, value, name):
         tf.debugging.assert_equal(
             first,
             other,
-            message=(
-                f"Variable {name!r} is updated inside strategy.run with a value that differs "
-                "across replicas, but its aggregation is 'none', so there is no one value to "
-                "give it (tf.distribute: 'You must specify an aggregation method to update a "
-                "AggregatingVariable in Replica Context'). Create it with aggregation='sum', "
-                "'mean' or 'only_first_replica', or write it outside strategy.run."
-            ),
+            message=differs_across_replicas_message(name, "none", "AggregatingVariable"),
         )
         for other in values[1:]
     ]

@@ -18,7 +18,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
-	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application
+	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
+	test-zoo-tensorflow-tutorials
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -134,7 +135,15 @@ JAX_TEST_COMPILE = XLA_FLAGS="--xla_backend_optimization_level=0 $$XLA_FLAGS"
 #: Anything else importing them (the examples' digits data, ScalingReport's
 #: plot) gets them as usual. The other targets and `make demo` run without
 #: it, as users' machines with those packages do.
-LEAN_KERAS_IMPORTS = PYTHONPATH=$(CURDIR)/tests/startup$${PYTHONPATH:+:$$PYTHONPATH}
+#: The same sitecustomize.py turns TensorFlow's graph optimizer (grappler)
+#: off where KERAS_DIST_TEST_TF_GRAPPLER=off, as set here: it rewrites every
+#: tf.function each time one is instantiated, and the tests instantiate
+#: thousands of tiny ones (measured: TensorFlow's test_equivalence and
+#: test_central_storage 149 -> 128 CPU-s; a 2-worker job 67 -> 65). As with
+#: JAX's -O0 above, each test compares two runs in the same setting, and
+#: TensorFlow's defaults stay tested by the targets that run without this
+#: folder: test-keras-min, -zoo, -bench, -faults, -stress and `make demo`.
+TEST_STARTUP = PYTHONPATH=$(CURDIR)/tests/startup$${PYTHONPATH:+:$$PYTHONPATH} KERAS_DIST_TEST_TF_GRAPPLER=off
 test:
 	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; start=$$SECONDS; \
 	{ $(MAKE) --no-print-directory -j2 install-jax install-tensorflow && \
@@ -153,7 +162,7 @@ test:
 QUICK_BACKEND := $(or $(KERAS_BACKEND),jax)
 QUICK_VENV := $(if $(filter tensorflow,$(QUICK_BACKEND)),$(VENV_TF),$(VENV_JAX))
 test-quick: $(QUICK_VENV)/.installed
-	$(LEAN_KERAS_IMPORTS) KERAS_BACKEND=$(QUICK_BACKEND) KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-quick $(JAX_TEST_COMPILE) \
+	$(TEST_STARTUP) KERAS_BACKEND=$(QUICK_BACKEND) KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-quick $(JAX_TEST_COMPILE) \
 	  $(QUICK_VENV)/bin/python -m pytest -q -rs --quick --durations=10 tests
 
 # The cost of every test, from the durations files of the last `make test`
@@ -165,7 +174,7 @@ durations:
 # KERAS_DIST_SINGLE_BACKEND: tests/test_single_backend_install.py checks the
 # other backend's package is absent. Tests marked needs_tensorflow (tf.data
 # input or TensorBoard on JAX) are skipped here, naming the next target.
-JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) $(LEAN_KERAS_IMPORTS) KERAS_BACKEND=jax \
+JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
 	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 \
 	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not zoo and not bench$(2)" tests
 
@@ -179,7 +188,7 @@ test-jax-processes: install-jax
 
 # Just the needs_tensorflow tests on JAX, where both backends are installed.
 test-jax-with-tensorflow: install
-	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) $(JAX_TEST_COMPILE) $(LEAN_KERAS_IMPORTS) KERAS_BACKEND=jax \
+	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
 	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests tests
 
 # The TensorFlow suite is the longest, so `make test` runs it as four pytest
@@ -189,7 +198,7 @@ test-jax-with-tensorflow: install
 TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/test_inputs.py tests/test_gradients.py \
 	tests/test_tpu_strategy.py
 TF_PROCESSES_LATE := tests/test_docs.py
-TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) $(LEAN_KERAS_IMPORTS) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
+TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) $(TEST_STARTUP) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
 	  -m "not stress and not faults and not zoo and not bench and $(2)" $(3)
 
@@ -244,27 +253,36 @@ test-stress: install
 # of distribute_strategy_test (93 cases per backend, 1 CPU-min) ported.
 # CI runs it after `make test` (measured: the application about 4 CPU-min,
 # mostly TensorFlow's tracing of every replica; the tutorials 3.8 CPU-min),
-# as three pytest runs side by side (tests/run_parts.py): JAX's, and
-# TensorFlow's in two (the application with the ctl port, the rest), so no
-# run is left alone on the two cores at the end (as one run per backend,
-# TensorFlow's took 647 s and JAX's 352; with the application alone, the
-# rest took 694 s).
-ZOO_FILES := tests/test_optimizer_zoo.py tests/test_tutorials.py \
-	tests/peer/test_peer_keras_save_load.py tests/peer/test_peer_distribute_strategy_keras_models.py
+# as five pytest runs, three at a time, longest first (tests/run_parts.py):
+# per backend the tutorials (multi-worker jobs) apart from the rest, and
+# TensorFlow's application apart too, so that what runs last is short and
+# keeps both cores busy (as three runs, 17 CPU-min took 608 s: the
+# application's run, a single-threaded tracer for most of it, ran alone for
+# the last 80 s and got half the machine before).
+ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
+	tests/peer/test_peer_distribute_strategy_keras_models.py
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
+ZOO_PARTS := test-zoo-tensorflow test-zoo-jax test-zoo-tensorflow-application test-zoo-jax-tutorials \
+	test-zoo-tensorflow-tutorials
 
 test-zoo: install
 	@rm -f $(TEST_LOGS)/test-zoo-*.log $(TEST_LOGS)/durations/zoo-*.json; mkdir -p $(TEST_LOGS)/durations
-	@$(PYTHON) tests/run_parts.py --jobs 3 --logs $(TEST_LOGS) test-zoo-tensorflow test-zoo-jax test-zoo-tensorflow-application
+	@$(PYTHON) tests/run_parts.py --jobs 3 --logs $(TEST_LOGS) $(ZOO_PARTS)
 
 test-zoo-jax: install
 	$(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES))
 
+test-zoo-jax-tutorials: install
+	$(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)
+
 test-zoo-tensorflow: install
-	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES))
+	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES) tests/peer/test_peer_ctl_correctness.py)
 
 test-zoo-tensorflow-application: install
-	$(call ZOO_TESTS,tensorflow-application,tensorflow,tests/test_zoo.py tests/peer/test_peer_ctl_correctness.py)
+	$(call ZOO_TESTS,tensorflow-application,tensorflow,tests/test_zoo.py)
+
+test-zoo-tensorflow-tutorials: install
+	$(call ZOO_TESTS,tensorflow-tutorials,tensorflow,tests/test_tutorials.py)
 
 # The benchmark scripts' quick runs (marker `bench`, tests/test_benchmarks.py:
 # benchmarks/run.py's five configurations, weak scaling, per-worker input,

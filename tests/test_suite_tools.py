@@ -142,6 +142,35 @@ def test_startup_keeps_sklearn_and_matplotlib_from_keras_only(lean):
     assert done.stdout.split() == (["True", "True", "True"] if lean else ["False", "False", "True"]), done.stdout
 
 
+_GRAPPLER_PROBE = textwrap.dedent(
+    """
+    import tensorflow as tf
+    off = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+    square = tf.function(lambda v: v * v)
+    print(off, float(square(tf.constant(3.0))), type(tf.__spec__.loader).__name__)
+    """
+)
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("setting", ["off", None], ids=["grappler-off", "unset"])
+def test_startup_turns_tensorflow_s_graph_optimizer_off_only_when_asked(setting):
+    """tests/startup/sitecustomize.py with KERAS_DIST_TEST_TF_GRAPPLER=off
+    (make test, make test-quick): a process that imports tensorflow has
+    grappler off, and tf.functions run; without the variable, TensorFlow's
+    defaults (grappler on) and its own loader."""
+    pytest.importorskip("tensorflow", reason="the TensorFlow venvs run it (tensorflow not installed here)")
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_DIST_TEST_TF_GRAPPLER"}
+    env.update(PYTHONPATH=str(TESTS / "startup"), TF_CPP_MIN_LOG_LEVEL="3")
+    if setting:
+        env["KERAS_DIST_TEST_TF_GRAPPLER"] = setting
+    done = subprocess.run([sys.executable, "-c", _GRAPPLER_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    off, value, loader = done.stdout.split()
+    assert (off, value) == (str(setting == "off"), "9.0"), done.stdout
+    assert (loader == "_OptimizerOffLoader") == (setting == "off"), done.stdout
+
+
 @pytest.mark.starts_processes
 def test_run_parts_runs_every_part_and_only_the_first_at_full_priority(tmp_path):
     """tests/run_parts.py (make test's scheduler): every part runs even if

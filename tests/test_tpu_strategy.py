@@ -62,8 +62,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("steps_per_execution", [1, 4])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+#: SGD with one step per execution and with four (the on-device loop);
+#: Adam with four, where its slots are carried through that loop. Adam with
+#: one step re-ran SGD's path (the same gradients, reduced the same way).
+@pytest.mark.parametrize(
+    "optimizer, steps_per_execution", [("sgd", 1), ("sgd", 4), ("adam", 4)], ids=["sgd-1", "sgd-4", "adam-4"]
+)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fit_evaluate_predict_match_single_device(tpu_on_cpu, case, optimizer, steps_per_execution):
     num_samples, batch_size, batch_norm = CASES[case]

@@ -1,5 +1,6 @@
 """`make test`'s processes: Keras' own imports of scikit-learn and matplotlib
-are refused (ImportError, which Keras expects for optional packages).
+are refused (ImportError, which Keras expects for optional packages), and,
+where KERAS_DIST_TEST_TF_GRAPPLER=off, TensorFlow's graph optimizer is off.
 
 Python imports this module at start-up in every process whose PYTHONPATH
 holds this folder: the Makefile puts it there for `make test` and `make
@@ -22,8 +23,20 @@ learn wrappers and `plot_image_gallery` say the package is missing in these
 processes (no test uses them). The targets that run as users' machines do
 (`make test-keras-min`, `-zoo`, `-faults`, `-stress`, `make demo`) do not
 put this folder on PYTHONPATH.
+
+TensorFlow's graph optimizer (grappler: constant folding, op fusion,
+layout and arithmetic rewrites) runs on every tf.function each time it is
+instantiated, and a test instantiates hundreds of small ones. With
+KERAS_DIST_TEST_TF_GRAPPLER=off (set by `make test` and `make test-quick`),
+every process that imports tensorflow turns it off at once
+(`tf.config.optimizer.set_experimental_options({"disable_meta_optimizer":
+True})`). Measured: TensorFlow's test_equivalence and test_central_storage
+149 -> 128 CPU-s. As with JAX's -O0 (Makefile, JAX_TEST_COMPILE), a test
+compares a distributed run with one device in the same setting, and the
+targets above run TensorFlow's defaults.
 """
 
+import os
 import sys
 
 _REFUSED_FOR_KERAS = frozenset({"sklearn", "matplotlib"})
@@ -46,3 +59,41 @@ class _KerasOptionalImports:
 
 
 sys.meta_path.insert(0, _KerasOptionalImports())
+
+
+class _TensorFlowWithoutGrappler:
+    """A meta-path finder that, once `tensorflow` is imported, turns its graph
+    optimizer off (the module docstring says why)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _OptimizerOffLoader(spec.loader)
+        return spec
+
+
+class _OptimizerOffLoader:
+    """tensorflow's own loader, and then the optimizer turned off."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        module.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+if os.environ.get("KERAS_DIST_TEST_TF_GRAPPLER") == "off":
+    sys.meta_path.insert(0, _TensorFlowWithoutGrappler())

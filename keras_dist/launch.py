@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import socket
 import shutil
@@ -62,7 +61,8 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from keras_dist import _error_file
+from keras_dist import _launch_output as _output
+from keras_dist import _launch_tasks as _tasks
 
 __all__ = ["free_ports", "launch", "main", "cli"]
 
@@ -71,7 +71,6 @@ BACKENDS = ("jax", "tensorflow")
 GRACE_SECONDS = 5.0
 # How often the launcher checks on its workers.
 _POLL_SECONDS = 0.05
-_PREFIX = "keras-dist launch: "
 #: Seconds the other workers get to end on their own after one failed.
 _SETTLE_SECONDS = 1.0
 #: ... and when one recorded an exception (keras_dist's own ending: the
@@ -134,353 +133,6 @@ def _validate(script, args, num_workers, backend, max_restarts, timeout, max_tim
         raise ValueError(f"args must be a sequence of arguments, not a string: {args!r}")
 
 
-class _Output:
-    """Writes whole lines to the launcher's stdout/stderr, one at a time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def write(self, stream, data: bytes) -> None:
-        with self._lock:
-            try:
-                stream.flush()
-                buffer = getattr(stream, "buffer", None)
-                if buffer is not None:
-                    buffer.write(data)
-                    buffer.flush()
-                else:
-                    stream.write(data.decode("utf-8", errors="replace"))
-                    stream.flush()
-            except (OSError, ValueError):
-                pass  # launcher's stream closed: drop the line, keep draining
-
-    def message(self, text: str) -> None:
-        """A launcher message, on stderr."""
-        self.write(sys.stderr, (_PREFIX + text + "\n").encode())
-
-
-#: gloo (JAX's CPU collectives across processes) prints "[Gloo] Rank i is
-#: connected to n peer ranks. Expected number of connected peer ranks is : n"
-#: to stdout for every group of devices a worker joins, with no setting to
-#: turn it off; groups that connect at once interleave its pieces mid-line.
-#: Lines made only of those pieces are dropped ("is NOT connected" passes).
-_GLOO_CONNECTED = re.compile(
-    rb"^(?=.*(?:\[Gloo\]|connected))"
-    rb"(?:\[Gloo\] Rank |\d+| is connected to | peer ranks\. |Expected number of connected peer ranks is : )+"
-    rb"\r?\n?$"
-)
-
-
-#: One piece of a worker's output: a line (ends in "\n") or a progress-bar
-#: update (ends in "\r": Keras redraws its bar in place with "\b...\r").
-_SEGMENT = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
-#: How many of a worker's last stderr lines the failure report can show.
-RECENT_LINES = 20
-
-
-#: Engine notices no setting turns off, dropped from the console (they stay
-#: in `--log-dir` files): absl's line before its logging starts, and C++
-#: INFO lines of TensorFlow, XLA or gRPC ("I1126 10:28:49.955798 ..."), e.g.
-#: tf's "oneDNN custom operations are on", printed at import whatever
-#: TF_CPP_MIN_LOG_LEVEL says; and one warning a TensorFlow parameter server
-#: prints when a finished step's rendezvous is torn down ("Local rendezvous
-#: is aborting with status: ABORTED: Cleanup <step id>", at random, after
-#: the work is done). Every other warning, error and fatal line ("W", "E",
-#: "F") passes, a rendezvous aborted for any other reason included.
-_ENGINE_NOTICE = re.compile(
-    rb"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    rb"|I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.-]+:\d+\] .*"
-    rb"|W\d{4} \d\d:\d\d:\d+\.\d+ +\d+ local_rendezvous\.cc:\d+\] Local rendezvous is aborting with "
-    rb"status: ABORTED: Cleanup -?\d+(?: \[type\.googleapis\.com/tensorflow\.DerivedStatus=''\])?)\r?\n?$"
-)
-
-
-def _pump(pipe, prefix: bytes, stream_name: str, output: "_Output", progress: "_Progress", index: int,
-          recent=None, log=None, show: bool = True) -> None:
-    """Forwards a worker's output as it arrives, not only at line ends, so
-    Keras' progress bar (redrawn with "\r", no newline until the epoch
-    ends) stays live: each update is written as `prefix + bar + "\r"`."""
-    fd = pipe.fileno()
-    pending = b""
-    with pipe:
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            progress.record(index)
-            if log is not None:
-                log.write(chunk)
-                log.flush()
-            pending += chunk
-            end = 0
-            for match in _SEGMENT.finditer(pending):
-                if match.end() == len(pending) and pending.endswith(b"\r"):
-                    break  # a "\r" that may be the start of "\r\n": wait
-                end = match.end()
-                _forward(match.group(), prefix, stream_name, output, recent, show)
-            pending = pending[end:]
-        if pending:
-            _forward(pending + b"\n", prefix, stream_name, output, recent, show)
-
-
-def _forward(segment: bytes, prefix: bytes, stream_name: str, output: "_Output", recent, show: bool = True) -> None:
-    """One line (or `\r` progress update) of a task's output to the console;
-    `show` False (`--local-ranks-filter`): only kept for the failure report."""
-    text = segment.replace(b"\b", b"")
-    if text.endswith(b"\n"):
-        line = text.rstrip(b"\r\n")
-        if _GLOO_CONNECTED.match(line + b"\n") or _ENGINE_NOTICE.match(line):
-            return
-        if recent is not None:
-            recent.append(line.decode("utf-8", errors="replace"))
-        if show:
-            output.write(getattr(sys, stream_name), prefix + line + b"\n")
-    elif show and text.rstrip(b"\r"):  # a progress update (an empty one only moves the cursor)
-        output.write(getattr(sys, stream_name), prefix + text)
-
-
-def _process_state(pid: int) -> str:
-    """'stopped' (SIGSTOP), 'running' or 'waiting', from /proc where there is one."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-    return {"T": "stopped", "t": "stopped", "R": "running", "Z": "exited"}.get(state, "waiting")
-
-
-class _Progress:
-    """When each worker last made progress: an output line or a heartbeat
-    (the mtime of its `KERAS_DIST_HEARTBEAT_FILE`)."""
-
-    def __init__(self, num_workers: int, directory: str) -> None:
-        start = time.monotonic()
-        self._last = [start] * num_workers
-        self.files = [os.path.join(directory, f"worker{i}.heartbeat") for i in range(num_workers)]
-
-    def record(self, index: int) -> None:
-        self._last[index] = time.monotonic()
-
-    def silent_for(self, index: int) -> float:
-        now = time.monotonic()
-        last = self._last[index]
-        try:
-            beat_age = time.time() - os.stat(self.files[index]).st_mtime
-            last = max(last, now - max(0.0, beat_age))
-        except OSError:
-            pass  # no heartbeat yet
-        return now - last
-
-    def describe(self, processes: list[subprocess.Popen]) -> str:
-        parts = []
-        for index, process in enumerate(processes):
-            state = _process_state(process.pid)
-            parts.append(
-                f"worker {index}: silent {self.silent_for(index):.0f} s"
-                + (f", process {state}" if state else "")
-            )
-        return "; ".join(parts)
-
-
-class _Joins:
-    """Which tasks have joined the cluster (each writes its
-    `KERAS_DIST_JOIN_FILE`), as progress lines: one when all have joined,
-    and while some are joining, whom the job waits for (every
-    `JOIN_NOTICE_SECONDS`). The tasks are the workers of a multi-worker job
-    (joined: their strategy has joined the job), or the ps and worker
-    server processes of a TensorFlow parameter-server job (joined: the
-    server is up). A script that never joins (no strategy) gives no line."""
-
-    def __init__(self, labels: dict[int, str], directory: str, servers: bool) -> None:
-        self.labels = labels  # task index -> its label
-        self.files = {i: os.path.join(directory, f"task{i}.join") for i in labels}
-        self.servers = servers
-        self.start = time.monotonic()
-        self.next_notice = self.start + JOIN_NOTICE_SECONDS
-        self.done = not labels
-
-    def _state(self, index: int) -> str:
-        try:
-            with open(self.files[index]) as handle:
-                return handle.read()
-        except OSError:
-            return ""
-
-    def poll(self) -> str | None:
-        """The progress line due now, if any."""
-        if self.done:
-            return None
-        states = {i: self._state(i) for i in self.labels}
-        now = time.monotonic()
-        if all(state == "joined" for state in states.values()):
-            self.done = True
-            what = "every ps and worker server is up" if self.servers else "every worker joined the cluster"
-            return f"{what} after {now - self.start:.1f} s"
-        if not any(states.values()) or now < self.next_notice:
-            return None
-        self.next_notice = now + JOIN_NOTICE_SECONDS
-        joined = sum(state == "joined" for state in states.values())
-        waiting = ", ".join(
-            f"{self.labels[i]} ({state or 'not started joining'})" for i, state in states.items() if state != "joined"
-        )
-        what = "starting the servers" if self.servers else "joining the cluster"
-        kind = "servers up" if self.servers else "workers joined"
-        return f"{what}: {joined} of {len(states)} {kind} after {now - self.start:.0f} s; waiting for {waiting}"
-
-
-class _Signals:
-    """Records SIGINT/SIGTERM/SIGHUP while a job runs (main thread only)."""
-
-    NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.event = threading.Event()
-        self._previous: dict[int, object] = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is None:
-            self.received = signum
-        self.event.set()
-
-    def __enter__(self) -> "_Signals":
-        if threading.current_thread() is threading.main_thread():
-            for name in self.NAMES:
-                signum = getattr(signal, name, None)
-                if signum is not None:
-                    self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
-def _exit_code(returncode: int) -> int:
-    """A worker's return code as a shell exit code (killed by signal S: 128+S)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _describe(label: str, returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"{label} exited with code {_exit_code(returncode)} (killed by {name})"
-    return f"{label} exited with code {returncode}"
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is gone
-
-
-def _stop(processes: list[subprocess.Popen], grace: float) -> None:
-    """SIGTERM every worker's process group, SIGKILL after `grace`, reap all.
-    A stopped (SIGSTOP) group is continued after the SIGTERM, as a shell's
-    `kill` does, so that it ends now rather than at the SIGKILL."""
-    for p in processes:
-        if p.poll() is None:
-            _signal_group(p.pid, signal.SIGTERM)
-            _signal_group(p.pid, signal.SIGCONT)
-    end = time.monotonic() + grace
-    for p in processes:
-        try:
-            p.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    # Also reaches what the workers started and left behind, even on success.
-    for p in processes:
-        _signal_group(p.pid, signal.SIGKILL)
-    for p in processes:
-        p.wait()
-
-
-class _Outcome:
-    def __init__(self, kind: str, index: int = -1, returncode: int = 0, detail: str = "", label: str = "") -> None:
-        self.kind = kind  # "ok", "failed", "stalled", "timeout" or "signal"
-        self.index = index
-        self.returncode = returncode
-        self.detail = detail
-        self.label = label or f"worker {index}"
-        #: Lines that explain a failure: the root cause's traceback.
-        self.report: list[str] = []
-        #: The task whose exception came first (its error file), if any.
-        self.root: tuple[str, int] | None = None
-
-
-#: How many lines of the root cause's traceback the failure report shows.
-REPORT_LINES = 12
-
-
-def _note_exits(processes, exit_seen) -> None:
-    now = time.time()
-    for index, process in enumerate(processes):
-        if exit_seen[index] is None and process.poll() is not None:
-            exit_seen[index] = now
-
-
-#: Exceptions that say another task failed first (never the root cause
-#: while a task failed otherwise).
-_SECONDARY = ("PeerWorkerError",)
-
-
-def _failure_report(outcome: "_Outcome", tasks, ended, error_files, recent, exit_seen) -> list[str]:
-    """What a failed job says: which task failed first and how (its
-    traceback's last lines, from its error file; for a task that ended
-    without one, e.g. killed by a signal, its last stderr lines), then how
-    every task ended. The root cause is the earliest failure, a task's own
-    exception before a `PeerWorkerError` (a collective that lost a peer).
-    Sets `outcome.root`."""
-    candidates = []
-    for index, path in enumerate(error_files):
-        record = _error_file.read(path)
-        code = ended[index] if index < len(ended) else None
-        if record is not None:
-            candidates.append((record.get("type") in _SECONDARY, record.get("time", 0.0), index, record))
-        elif code not in (None, 0) and exit_seen[index] is not None:
-            candidates.append((False, exit_seen[index], index, None))
-    lines = []
-    if not candidates:
-        return ["when the launcher stopped the job: " + _states(tasks, ended)]
-    _, _, index, record = min(candidates, key=lambda c: c[:3])
-    code = ended[index]
-    label = tasks[index][3]
-    outcome.root = (label, code if code else outcome.returncode)
-    if record is not None:
-        message = (record.get("message") or "").strip().splitlines()
-        lines.append(
-            f"root cause (the first exception): {label} raised {record['type']}"
-            + (f": {message[0][:200]}" if message else "")
-            + (f" (exit code {_exit_code(code)})" if code is not None else "")
-        )
-        body = record["traceback"].rstrip("\n").splitlines()
-        shown = body[-REPORT_LINES:]
-        if len(body) > len(shown):
-            lines.append(f"  ... ({len(body) - len(shown)} lines above; the whole traceback is in the output)")
-        lines += [f"  | {line}" for line in shown]
-    else:
-        last = list(recent[index])[-REPORT_LINES:]
-        lines.append(f"root cause (the first to fail): {_describe(label, code)}"
-                     + ("; its last lines on stderr:" if last else "; it wrote nothing on stderr"))
-        lines += [f"  | {line}" for line in last]
-    lines.append("when the launcher stopped the job: " + _states(tasks, ended))
-    return lines
-
-
-def _states(tasks, ended) -> str:
-    return "; ".join(
-        f"{tasks[index][3]}: " + ("running (stopped by the launcher)" if code is None else f"exit code {_exit_code(code)}")
-        for index, code in enumerate(ended)
-    )
-
-
 def _run_attempt(
     command: list[str],
     num_workers: int,
@@ -490,12 +142,12 @@ def _run_attempt(
     attempt: int,
     deadline: float | None,
     stall_timeout: float | None,
-    signals: _Signals,
-    output: _Output,
+    signals: _tasks.Signals,
+    output: _output.Output,
     num_ps: int = 0,
     log_dir: str | None = None,
     shown_workers: frozenset | None = None,
-) -> _Outcome:
+) -> _tasks.Outcome:
     tasks = _parameter_server_tasks(command, num_workers, num_ps, host, backend, base_env) if num_ps else None
     if tasks is None:
         ports = free_ports(num_workers + 1, host)
@@ -511,15 +163,16 @@ def _run_attempt(
     processes: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     heartbeats = tempfile.mkdtemp(prefix="keras-dist-heartbeat-")
-    progress = _Progress(len(tasks), heartbeats)
+    progress = _tasks.Progress(len(tasks), heartbeats)
     error_files = [os.path.join(heartbeats, f"task{i}.error.json") for i in range(len(tasks))]
-    recent = [deque(maxlen=RECENT_LINES) for _ in tasks]
+    recent = [deque(maxlen=_output.RECENT_LINES) for _ in tasks]
     exit_seen: list[float | None] = [None] * len(tasks)  # when each was first seen exited
     logs = []
-    joins = _Joins(
+    joins = _tasks.Joins(
         {i: task[3] for i, task in enumerate(tasks) if not num_ps or task[0] is not command},
         heartbeats,
         servers=bool(num_ps),
+        notice_seconds=JOIN_NOTICE_SECONDS,
     )
     output.message(_start_line(tasks, cluster, coordinator, backend, base_env, attempt, log_dir))
     outcome = None
@@ -566,7 +219,7 @@ def _run_attempt(
                 logs.append(log)
             for pipe, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
                 pump = threading.Thread(
-                    target=_pump,
+                    target=_output.pump,
                     args=(pipe, prefix, name, output, progress, index, recent[index] if name == "stderr" else None, log,
                           shown_workers is None or task_type != "worker" or task_index in shown_workers),
                     daemon=True,
@@ -577,9 +230,9 @@ def _run_attempt(
 
         while True:
             if signals.received is not None:
-                return _Outcome("signal")
+                return _tasks.Outcome("signal")
             running = False
-            _note_exits(processes, exit_seen)
+            _tasks.note_exits(processes, exit_seen)
             for index, process in enumerate(processes):
                 if index not in decisive:
                     continue
@@ -587,22 +240,22 @@ def _run_attempt(
                 if returncode is None:
                     running = True
                 elif returncode != 0:
-                    outcome = _Outcome("failed", index, returncode, label=tasks[index][3])
+                    outcome = _tasks.Outcome("failed", index, returncode, label=tasks[index][3])
                     return outcome
             if not running:
-                return _Outcome("ok")
+                return _tasks.Outcome("ok")
             line = joins.poll()
             if line is not None:
                 output.message(line)
             if stall_timeout is not None and all(
                 progress.silent_for(i) > stall_timeout for i in range(len(processes))
             ):
-                return _Outcome("stalled", detail=progress.describe(processes))
+                return _tasks.Outcome("stalled", detail=progress.describe(processes))
             wait = _POLL_SECONDS
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return _Outcome("timeout")
+                    return _tasks.Outcome("timeout")
                 wait = min(wait, left)
             signals.event.wait(wait)
     finally:
@@ -615,19 +268,19 @@ def _run_attempt(
             settle = time.monotonic() + (_SETTLE_RECORDED_SECONDS if recorded else _SETTLE_SECONDS)
             # (A stopped process cannot end on its own: no waiting for it.)
             while time.monotonic() < settle and any(
-                p.poll() is None and _process_state(p.pid) != "stopped" for p in processes
+                p.poll() is None and _tasks.process_state(p.pid) != "stopped" for p in processes
             ):
-                _note_exits(processes, exit_seen)
+                _tasks.note_exits(processes, exit_seen)
                 time.sleep(_POLL_SECONDS)
-            _note_exits(processes, exit_seen)
+            _tasks.note_exits(processes, exit_seen)
         ended = [p.poll() for p in processes]  # before the launcher stops the rest
-        _stop(processes, GRACE_SECONDS)
+        _tasks.stop(processes, GRACE_SECONDS)
         for pump in pumps:
             pump.join(timeout=2.0)
         for log in logs:
             log.close()
         if outcome is not None:
-            outcome.report = _failure_report(outcome, tasks, ended, error_files, recent, exit_seen)
+            outcome.report = _tasks.failure_report(outcome, tasks, ended, error_files, recent, exit_seen)
         shutil.rmtree(heartbeats, ignore_errors=True)
 
 
@@ -738,7 +391,7 @@ def launch(
         os.makedirs(log_dir, exist_ok=True)
     started = time.monotonic()
     deadline = None if max_time is None else started + max_time
-    output = _Output()
+    output = _output.Output()
     attempt = 0
 
     def finish(code: int, how: str) -> int:
@@ -746,7 +399,7 @@ def launch(
         output.message(f"{how}: exit code {code} after {time.monotonic() - started:.1f} s{restarts}")
         return code
 
-    with _Signals() as signals:
+    with _tasks.Signals() as signals:
         while True:
             outcome = _run_attempt(
                 command, num_workers, host, base_env, backend, attempt, deadline, timeout,
@@ -771,14 +424,14 @@ def launch(
                 output.message(line)
             if outcome.root is not None:  # the first to fail, not the first seen exiting
                 outcome.label, outcome.returncode = outcome.root
-            failure = _describe(outcome.label, outcome.returncode)
+            failure = _tasks.describe(outcome.label, outcome.returncode)
             if attempt < max_restarts:
                 attempt += 1
                 output.message(f"{failure}; restarting the job (attempt {attempt}/{max_restarts})")
                 continue
             restarts = f" after {attempt} restart(s)" if max_restarts else ""
             output.message(f"{failure}; stopped all workers, the job failed{restarts}")
-            return finish(_exit_code(outcome.returncode), "the job failed")
+            return finish(_tasks.exit_code(outcome.returncode), "the job failed")
 
 
 def _check_ranks_filter(ranks: Sequence[int] | None, num_workers: int) -> frozenset | None:

@@ -548,17 +548,3 @@ def test_the_command_line_runs_without_the_other_backend(tmp_path, worker, missi
     probe = "import sys, keras_dist; keras_dist.__version__; print('keras' in sys.modules)"
     imported = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert imported.stdout.strip() == "False", imported.stderr[-2000:]
-
-
-@pytest.mark.parametrize(
-    "line, dropped",
-    [
-        (b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n", True),
-        (b"[Gloo] Rank [Gloo] Rank 3 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n", True),
-        (b"[Gloo] Rank 1 is NOT connected to all peer ranks\n", False),
-        (b"3\n", False),
-        (b"Epoch 1/3 loss 0.5\n", False),
-    ],
-)
-def test_gloo_connected_lines_are_dropped(line, dropped):
-    assert bool(launch_module._GLOO_CONNECTED.match(line)) == dropped

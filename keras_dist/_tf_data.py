@@ -8,7 +8,7 @@ per-worker input instead: each worker builds its stream as
 piece per replica in the job, then its auto-shard rewrite for this
 worker), takes one piece per local replica each step, and the step's
 global batch is the union of every worker's rows that step
-(`keras_dist._input.WorkerBatches`). Which examples form a global batch
+(`keras_dist._worker_batches.WorkerBatches`). Which examples form a global batch
 then depends on the worker count, as in tf:
 
 - FILE: each worker reads its own files; every example once per epoch.

@@ -14,7 +14,6 @@ from _helpers import (
     assert_same_weights,
     compile_model,
     make_data,
-    make_optimizer,
     mlp,
     twin,
 )
@@ -222,32 +221,6 @@ def test_one_device_strategy_matches_plain_keras():
         reference.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
         distributed.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
     )
-
-
-def test_worker_batches_carry_every_dtype_exactly_and_end_together():
-    """The rows of per-worker streams travel as raw 32-bit words: any
-    dtype and odd row widths arrive bit for bit; a worker's stream ending
-    gives StopIteration only when no worker has rows (one worker here)."""
-    from keras_dist._input import WorkerBatches, combine_worker_batches
-
-    rng = np.random.default_rng(0)
-    batch = {
-        "f64": rng.normal(size=(5, 3)),
-        "i64": rng.integers(-(2**62), 2**62, size=(5,)),
-        "u8": rng.integers(0, 255, size=(5, 3, 1)).astype("uint8"),
-        "b": rng.normal(size=(5, 1)) > 0,
-        "f16": rng.normal(size=(5, 7)).astype("float16"),
-    }
-    empty = {key: value[:0] for key, value in batch.items()}
-    for max_rows in (None, 5, 8):  # counts first, or counts and rows in one gather
-        combined = combine_worker_batches(batch, empty, max_rows)
-        for key, value in batch.items():
-            assert combined[key].dtype == value.dtype and combined[key].shape == value.shape
-            assert combined[key].tobytes() == value.tobytes(), key
-        assert combine_worker_batches(None, empty, max_rows) is None
-        assert [len(b["b"]) for b in WorkerBatches(iter([batch, batch]), empty, max_rows)] == [5, 5]
-    with pytest.raises(RuntimeError, match="more than the 4"):
-        combine_worker_batches(batch, empty, 4)
 
 
 @pytest.mark.needs_tensorflow

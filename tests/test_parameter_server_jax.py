@@ -513,7 +513,7 @@ def test_coordinator_writes_reach_the_workers_and_join_reads_the_ps(one_one):
 
 
 def test_an_error_in_a_function_is_raised_by_join_once_and_the_rest_cancelled(one_one):
-    from keras_dist.backends.jax._parameter_servers import CancelledError
+    from keras_dist.backends.jax._ps_scheduler import CancelledError
 
     strategy, coordinator = one_one
 

@@ -14,7 +14,8 @@ from keras_dist import _context, _tf_data
 from keras_dist._communication import PeerWorkerError
 from keras_dist._hooks import _distributed_input, _files, _optimizers, _ps_fit, _sigterm
 from keras_dist._context import model_strategy, remember_strategy
-from keras_dist._input import check_batched, worker_streams
+from keras_dist._input import check_batched
+from keras_dist._worker_batches import worker_streams
 from keras_dist._split import validate_batch_size
 from keras_dist.backends import get_adapter
 

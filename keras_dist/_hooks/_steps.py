@@ -18,7 +18,7 @@ import threading
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
-from keras_dist import _context, _input, _shard
+from keras_dist import _context, _shard, _worker_batches
 from keras_dist._context import model_strategy
 from keras_dist.backends import get_adapter
 
@@ -50,17 +50,17 @@ def wrap_make_function(kind: str):
 
 def _combining_worker_streams(function, kind: str):
     """`function(..., iterator)` taking the job's global batches from the
-    iterator when each worker reads its own stream (`_input.worker_streams`);
+    iterator when each worker reads its own stream (`_worker_batches.worker_streams`);
     else `function` as it is."""
     if kind == "predict":  # refused with per-worker streams (hooks._entry)
         return function
 
     def call(*args):
-        stream = _input.worker_stream(kind)
+        stream = _worker_batches.worker_stream(kind)
         if stream is None:
             return function(*args)
         *rest, iterator = args
-        return function(*rest, _input.WorkerBatches(iterator, *stream))
+        return function(*rest, _worker_batches.WorkerBatches(iterator, *stream))
 
     return call
 

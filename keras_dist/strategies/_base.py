@@ -344,12 +344,12 @@ class Strategy:
             DistributedDataset,
             InputReplicationMode,
             OnePass,
-            WorkerBatches,
             check_batched,
             check_dataset,
             check_same_rows,
             known_length,
         )
+        from keras_dist._worker_batches import WorkerBatches
 
         options = _input_options("experimental_distribute_dataset", options)
         if options.experimental_replication_mode is not InputReplicationMode.PER_WORKER:
@@ -435,7 +435,8 @@ class Strategy:
         custom loops: `fit` refuses it (its input of global batches has
         other spellings)."""
         from keras_dist import _tf_data
-        from keras_dist._input import DistributedDataset, InputContext, InputReplicationMode, WorkerBatches
+        from keras_dist._input import DistributedDataset, InputContext, InputReplicationMode
+        from keras_dist._worker_batches import WorkerBatches
 
         extended = self._extended
         if options.experimental_replication_mode is InputReplicationMode.PER_REPLICA:

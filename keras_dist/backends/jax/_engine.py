@@ -12,7 +12,6 @@ import keras
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from keras_dist import _devices
 from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
 from keras_dist._engine_kind import EngineKind
 from keras_dist.backends.jax import _cluster

@@ -19,15 +19,16 @@ over Ray actors (`_ray_actors`: `ParameterServer`, `Worker`).
   every registered variable (and optimizer state) into the coordinator's
   Keras variables: reading `model.get_weights()` or `optimizer.iterations`
   after `join()` gives the ps values.
-- A worker lost (its actor died) re-queues its function; the slot starts a
-  new worker actor (up to `MAX_WORKER_RESTARTS` times). A ps lost, or not
-  answering within `PS_TIMEOUT_S`, is fatal: `join()`/`fetch()` raise
-  `ParameterServerError`, queued functions are cancelled.
+- The queue of scheduled functions and the dispatchers that run them on the
+  worker actors are `_ps_scheduler.Scheduler`'s: a worker lost (its actor
+  died) re-queues its function and the slot starts a new worker actor (up to
+  `MAX_WORKER_RESTARTS` times). A ps lost, or not answering within
+  `PS_TIMEOUT_S`, is fatal: `join()`/`fetch()` raise `ParameterServerError`,
+  queued functions are cancelled.
 """
 
 from __future__ import annotations
 
-import collections
 import io
 import itertools
 import os
@@ -35,12 +36,12 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Optional
 
 import numpy as np
 
 from keras_dist import _heartbeat
-from keras_dist.backends.jax._ps_step import METRIC_DELTAS, TrainStep
+from keras_dist.backends.jax._ps_scheduler import Closure, Scheduler
+from keras_dist.backends.jax._ps_step import TrainStep
 from keras_dist.backends.jax._ray_runtime import (
     _LIVE_CLUSTERS,
     _RAY_DOWN,
@@ -57,8 +58,6 @@ from keras_dist.coordinator import PerWorkerValues
 PS_TIMEOUT_S = 60.0
 #: Seconds the coordinator waits for the ps actors to start.
 STARTUP_TIMEOUT_S = 300.0
-#: Times a worker slot starts a new actor after losing one.
-MAX_WORKER_RESTARTS = 2
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 
@@ -114,40 +113,6 @@ class VariableRecord:
 # -- the coordinator's engine -------------------------------------------------
 
 
-class _Closure:
-    _ids = itertools.count()
-
-    def __init__(self, payload: bytes, needs: list):
-        self.id = next(self._ids)
-        self.payload = payload
-        self.needs = needs
-        self.event = threading.Event()
-        self.result: Any = None
-        self.error: Optional[BaseException] = None
-        self.attempts = 0
-        self.metrics_model: Any = None  # fit's step: the model whose metrics it updates
-
-    def finish(self, result=None, error=None):
-        self.result, self.error = result, error
-        self.event.set()
-
-    def __repr__(self):
-        state = "done" if self.event.is_set() else "pending"
-        return f"<scheduled function {self.id}: {state}>"
-
-
-class CancelledError(RuntimeError):
-    """A scheduled function was not run: an earlier one failed."""
-
-
-class _Slot:
-    def __init__(self, index):
-        self.index = index
-        self.handle = None
-        self.restarts = 0
-        self.alive = True
-
-
 class Cluster:
     """The Ray side of one ParameterServerStrategy: actors, registrations,
     the queue of scheduled functions and one dispatcher thread per worker."""
@@ -161,16 +126,8 @@ class Cluster:
         self.started = False
         self.started_ray = False
         self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
-        self.queue: collections.deque = collections.deque()
-        self.inflight = 0
-        self.error: Optional[BaseException] = None
-        self.fatal: Optional[BaseException] = None
-        self.stopping = False
-        self.stats = collections.Counter()
-        self.metric_deltas: list = []  # (model, deltas) of finished fit steps, added at join
-        self.finished_ids: list = []  # closures finished since the last join
-        self.forget_next: list = []  # ... and before it: their push keys go at the next join
+        #: The queue of scheduled functions and the worker slots that run them.
+        self.scheduler = Scheduler(self.lock, self._new_worker, self._load_missing)
         # registrations
         self.variables: list = []  # vid -> coordinator keras.Variable
         self.vid_of: dict = {}  # id(variable) -> vid
@@ -212,14 +169,10 @@ class Cluster:
         runtime_env = {"env_vars": {"KERAS_BACKEND": "jax", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
         self.runtime_env = runtime_env
         self.ps = [actors.ParameterServer.options(runtime_env=runtime_env).remote(i) for i in range(self.num_ps)]
-        self.slots = [_Slot(i) for i in range(self.num_workers)]
-        for slot in self.slots:
-            slot.handle = self._new_worker(slot.index)
+        self.scheduler.add_slots(self.num_workers)
         # starting a process that imports JAX and Keras: more than a step's wait
         self._get([p.ping.remote() for p in self.ps], "starting the parameter servers", max(self.ps_timeout, STARTUP_TIMEOUT_S))
-        self.threads = [threading.Thread(target=self._dispatch, args=(slot,), daemon=True, name=f"keras-dist-ps-worker-{slot.index}") for slot in self.slots]
-        for thread in self.threads:
-            thread.start()
+        self.scheduler.start_dispatchers()
         self.started = True
         _heartbeat.say(f"the parameter-server cluster is up after {time.monotonic() - started:.1f} s")
         _register_exit_hook()
@@ -253,18 +206,14 @@ class Cluster:
             ) from error
 
     def shutdown(self) -> None:
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
+        self.scheduler.stop()
         if not self.started:
             return
         ray = _ray()
-        for thread in self.threads:
-            thread.join(timeout=5)
         # With Ray down the actors are gone with it, and ray.kill would
         # start a new Ray (see _ray_is_up).
         if _ray_is_up():
-            for handle in [s.handle for s in self.slots] + list(self.ps):
+            for handle in [s.handle for s in self.scheduler.slots] + list(self.ps):
                 try:
                     ray.kill(handle)
                 except Exception:
@@ -503,142 +452,40 @@ class Cluster:
         if puts:
             self._get([self.ps[p].put.remote(v) for p, v in puts.items()], "sending the coordinator's writes")
 
-    # -- scheduling
-    def schedule(self, fn, args, kwargs) -> _Closure:
+    # -- scheduling (the queue itself: _ps_scheduler.Scheduler)
+    def schedule(self, fn, args, kwargs) -> Closure:
         with self.lock:  # as tf: an earlier function's error is raised (once) here too
-            self._raise_error()
+            self.scheduler.raise_error()
         self._check_ray_up()
         self.start()
         with self.lock:
             self.send_coordinator_writes()
         payload, needs = self.pickle_call(fn, args, kwargs)
-        closure = _Closure(payload, needs)
+        closure = Closure(payload, needs)
         closure.metrics_model = fn.model if isinstance(fn, TrainStep) else None
-        with self.cond:
-            if self.fatal is not None:
-                raise self.fatal
-            self.queue.append(closure)
-            self.stats["scheduled"] += 1
-            self.cond.notify_all()
+        self.scheduler.submit(closure)
         return closure
 
-    def _dispatch(self, slot: _Slot) -> None:
-        ray = _ray()
-        while True:
-            with self.cond:
-                while not self.queue and not self.stopping:
-                    self.cond.wait()
-                if self.stopping:
-                    return
-                if not _ray_is_up():
-                    self._fail(RuntimeError(_RAY_DOWN))
-                    return
-                closure = self.queue.popleft()
-                self.inflight += 1
-            try:
-                outcome = self._run_on(slot, closure)
-            except ray.exceptions.RayActorError:
-                with self.cond:
-                    self.inflight -= 1
-                    self.stats["redispatched"] += 1
-                    self.queue.appendleft(closure)
-                    self.cond.notify_all()
-                if not self._replace(slot):
-                    return
-                continue
-            except BaseException as error:  # the coordinator's own failure
-                outcome = ("error", error, "")
-            self._finish(closure, outcome)
-
-    def _replace(self, slot: _Slot) -> bool:
-        """A new worker actor for a lost one; False when the slot gives up."""
-        with self.cond:
-            slot.restarts += 1
-            if slot.restarts > MAX_WORKER_RESTARTS or self.stopping or not _ray_is_up():
-                slot.alive = False
-                if not any(s.alive for s in self.slots):
-                    self._fail(RuntimeError("Every worker was lost; no worker is left to run scheduled functions."))
-                return False
-            self.stats["worker_restarts"] += 1
-        slot.handle = self._new_worker(slot.index)
-        return True
-
-    def _run_on(self, slot: _Slot, closure: _Closure):
-        ray = _ray()
-        closure.attempts += 1
-        while True:
-            answer = ray.get(slot.handle.run.remote(closure.id, closure.payload, closure.needs))
-            if answer[0] != "missing":
-                return answer
-            loads = []
-            for kind, ident in answer[1]:
-                if kind == "model":
-                    with self.lock:  # the coordinator's thread may be registering a model
-                        models = list(self.models.values())
-                    mid, model, layout, oid, model_bytes = next(m for m in models if m[0] == ident)
-                    loads.append(slot.handle.load_model.remote(mid, model_bytes, layout, oid))
-                else:
-                    loads.append(slot.handle.make_dataset.remote(ident, self.datasets[ident]))
-            ray.get(loads)
-
-    def _finish(self, closure: _Closure, outcome) -> None:
-        actors = _actors()
-        with self.cond:
-            self.inflight -= 1
-            self.finished_ids.append(closure.id)
-            if outcome[0] == "ok":
-                self.stats["completed"] += 1
-                result = outcome[1]
-                if closure.metrics_model is not None and isinstance(result, dict) and METRIC_DELTAS in result:
-                    self.metric_deltas.append((closure.metrics_model, result.pop(METRIC_DELTAS)))
-                closure.finish(result=result)
+    def _load_missing(self, handle, missing) -> list:
+        """What a worker actor lacks to run a function (models, per-worker
+        datasets), sent to it: the calls' references."""
+        loads = []
+        for kind, ident in missing:
+            if kind == "model":
+                with self.lock:  # the coordinator's thread may be registering a model
+                    models = list(self.models.values())
+                mid, model, layout, oid, model_bytes = next(m for m in models if m[0] == ident)
+                loads.append(handle.load_model.remote(mid, model_bytes, layout, oid))
             else:
-                error = outcome[1]
-                if outcome[2]:
-                    error.add_note(f"Raised on a parameter-server worker:\n{outcome[2]}") if hasattr(error, "add_note") else None
-                closure.finish(error=error)
-                if isinstance(error, actors.ParameterServerError):
-                    self._fail(error)
-                elif self.error is None:
-                    self.error = error
-                    self._cancel_queued(error)
-            self.cond.notify_all()
-
-    def _cancel_queued(self, error, fatal=False) -> None:
-        while self.queue:
-            closure = self.queue.popleft()
-            if fatal:  # the cluster cannot run anything: the cause, for every function
-                closure.finish(error=error)
-            else:
-                closure.finish(error=CancelledError(f"Not run: an earlier scheduled function failed ({type(error).__name__}: {error})."))
-
-    def _fail(self, error) -> None:
-        with self.cond:
-            if self.fatal is None:
-                self.fatal = error
-            self._cancel_queued(self.fatal, fatal=True)
-            self.cond.notify_all()
+                loads.append(handle.make_dataset.remote(ident, self.datasets[ident]))
+        return loads
 
     def done(self) -> bool:
-        with self.cond:
-            self._raise_error()
-            return not self.queue and self.inflight == 0
-
-    def _raise_error(self) -> None:
-        if self.fatal is not None:
-            raise self.fatal
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+        return self.scheduler.done()
 
     def join(self) -> None:
         self._check_ray_up()
-        with self.cond:
-            while self.queue or self.inflight:
-                if self.fatal is not None:
-                    break
-                self.cond.wait(timeout=1.0)
-            self._raise_error()
+        self.scheduler.wait()
         self.pull_to_coordinator()
         self.add_metric_deltas()
         self.forget_finished_pushes()
@@ -648,9 +495,7 @@ class Cluster:
         re-run's second push. A closure finished before the previous join
         can push no more (one join of slack for a lost worker's push still
         on its way), so its keys are dropped: memory stays bounded."""
-        with self.cond:
-            forget, self.forget_next = self.forget_next, self.finished_ids
-            self.finished_ids = []
+        forget = self.scheduler.take_forgettable()
         if forget and self.started:
             self._get([p.forget.remote(forget) for p in self.ps], "forgetting finished pushes")
 
@@ -658,17 +503,12 @@ class Cluster:
         """Adds the finished fit steps' metric changes into the
         coordinator's metrics (Keras' metric states are sums), so
         `model.get_metrics_result()` covers every worker's batches."""
-        with self.cond:
-            pending, self.metric_deltas = self.metric_deltas, []
-        for model, deltas in pending:
+        for model, deltas in self.scheduler.take_metric_deltas():
             for variable, delta in zip(model.metrics_variables, deltas):
                 variable.assign(variable.value + delta)
 
-    def fetch(self, closure: _Closure):
-        closure.event.wait()
-        if closure.error is not None:
-            raise closure.error
-        return closure.result
+    def fetch(self, closure: Closure):
+        return self.scheduler.fetch(closure)
 
     # -- the coordinator's view after join
     def pull_to_coordinator(self) -> None:
@@ -726,7 +566,7 @@ class Cluster:
         self._check_ray_up()
         ray = _ray()
         out = []
-        for slot in self.slots:
+        for slot in self.scheduler.slots:
             try:
                 out.append(ray.get(slot.handle.report.remote(), timeout=self.ps_timeout))
             except ray.exceptions.RayActorError:

@@ -23,7 +23,7 @@ import io
 import pickle
 import threading
 import traceback
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 

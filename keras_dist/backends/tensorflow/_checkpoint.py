@@ -17,7 +17,8 @@ import os
 
 import tensorflow as tf
 
-from keras_dist._preemption import CheckpointStore, TerminationConfig
+from keras_dist._checkpoint_stores import CheckpointStore
+from keras_dist._preemption import TerminationConfig
 
 #: The checkpoint's attribute holding the run count (tf's name for it).
 _RUNS = "checkpointed_runs"

@@ -10,7 +10,7 @@ import re
 import pytest
 
 import keras_dist
-from keras_dist.backends import BackendAdapter, check_conforms, get_adapter, optional_methods, required_methods
+from keras_dist.backends import CAPABILITY_GROUPS, BackendAdapter, check_conforms, get_adapter, optional_methods, required_methods
 
 PACKAGE = pathlib.Path(keras_dist.__file__).parent
 ROOT = PACKAGE.parent
@@ -203,7 +203,7 @@ def test_an_optional_capability_is_none_or_declared_exactly():
     refused."""
     assert set(optional_methods()) == {
         "distribute_dataset_natively", "create_server", "assign_on_ps", "apply_optimizer",
-        "variable_parts", "from_backend_object",
+        "variable_parts", "from_backend_object", *CAPABILITY_GROUPS["parameter_servers"],
     }
     assert not set(optional_methods()) & set(required_methods())
     adapter = get_adapter()
@@ -216,6 +216,29 @@ def test_an_optional_capability_is_none_or_declared_exactly():
     NoneRequired = type("NoneRequired", (Lean,), {"run": None})
     with pytest.raises(TypeError, match="run is None"):
         check_conforms(NoneRequired())
+    # a group is all or none: half a parameter-server engine is refused
+    group = CAPABILITY_GROUPS["parameter_servers"]
+    Whole = type("Whole", (Lean,), {name: inspect.getattr_static(type(adapter), name) for name in group})
+    check_conforms(Whole())
+    Half = type("Half", (Whole,), {"join": None, "done": None})
+    with pytest.raises(TypeError, match="parameter_servers capability gives .* but not join, done \\(all or none\\)"):
+        check_conforms(Half())
+
+
+def test_a_backend_without_parameter_servers_refuses_the_strategy_before_anything_starts(monkeypatch):
+    """An adapter without the parameter-server group (a backend with no ps
+    engine): `ParameterServerStrategy(...)` raises NotImplementedError
+    naming the backend and the adapter's hint, before reading any cluster."""
+    import keras_dist
+    from keras_dist.strategies import _parameter_server
+
+    adapter = get_adapter()
+    base = {name: inspect.getattr_static(type(adapter), name) for name in required_methods()}
+    lean = type("Lean", (BackendAdapter,), {"name": "lean", **base, "unsupported": {"parameter_servers": "use X."}})()
+    monkeypatch.setattr(_parameter_server, "get_adapter", lambda: lean)
+    monkeypatch.setenv("TF_CONFIG", "not JSON: never read")
+    with pytest.raises(NotImplementedError, match="^ParameterServerStrategy is not supported on the lean backend: use X.$"):
+        keras_dist.ParameterServerStrategy()
 
 
 def test_this_backend_s_optional_capabilities():

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import importlib
 
-from keras_dist.backends._base import BackendAdapter, OptionalCapabilities, check_conforms, optional_methods, required_methods
+from keras_dist.backends._base import (
+    CAPABILITY_GROUPS,
+    BackendAdapter,
+    OptionalCapabilities,
+    check_conforms,
+    optional_methods,
+    required_methods,
+)
 
 __all__ = [
+    "CAPABILITY_GROUPS",
     "BackendAdapter",
     "OptionalCapabilities",
     "backend_name",

@@ -37,14 +37,22 @@ class BackendAdapter(abc.ABC):
     # the backend and the `unsupported` hint below. Their signatures are
     # declared by `OptionalCapabilities` and checked like the rest.
     distribute_dataset_natively: Optional[Callable[..., Any]] = None
+    # parameter servers (ParameterServerStrategy, ClusterCoordinator): all
+    # of `CAPABILITY_GROUPS["parameter_servers"]` or none
+    create_coordinator: Optional[Callable[..., Any]] = None
+    schedule: Optional[Callable[..., Any]] = None
+    fetch: Optional[Callable[..., Any]] = None
+    join: Optional[Callable[..., Any]] = None
+    done: Optional[Callable[..., Any]] = None
+    create_per_worker_dataset: Optional[Callable[..., Any]] = None
     create_server: Optional[Callable[..., Any]] = None
     assign_on_ps: Optional[Callable[..., Any]] = None
     apply_optimizer: Optional[Callable[..., Any]] = None
     variable_parts: Optional[Callable[..., Any]] = None
     from_backend_object: Optional[Callable[..., Any]] = None
 
-    #: capability name -> what to do instead on this backend (used in the
-    #: core's "not supported" error), for the capabilities left None.
+    #: capability (or group) name -> what to do instead on this backend
+    #: (used in the core's "not supported" error), for those left None.
     unsupported: dict = {}
 
     # -- devices and placement -------------------------------------------------
@@ -198,47 +206,16 @@ class BackendAdapter(abc.ABC):
         over the global batch."""
 
     # -- parameter servers (ParameterServerStrategy, ClusterCoordinator) ----
-    # The coordinator is the engine's own (TensorFlow: tf's ClusterCoordinator
-    # over tf's ParameterServerStrategy; JAX: Ray actors). `create_engine`
-    # builds the ps side for a `ParameterServerStrategy`; these methods are
-    # the coordinator's, called from the user's (the chief's) process.
+    # The coordinator's methods are an optional capability group
+    # (`CAPABILITY_GROUPS`, declared in `OptionalCapabilities`): a backend
+    # without a parameter-server engine leaves them None, and the core's
+    # `ParameterServerStrategy` says so when it is made.
 
     def check_parameter_servers_supported(self) -> None:
         """Raises, naming the fix, when this backend cannot run a
         `ParameterServerStrategy` here (a missing optional package), so the
         error comes when the strategy is made, not at its first use.
         Optional: the default accepts."""
-
-    @abc.abstractmethod
-    def create_coordinator(self, strategy: Any) -> Any:
-        """The engine's coordinator for the `ParameterServerStrategy`
-        `strategy` (one per strategy; the core caches it)."""
-
-    @abc.abstractmethod
-    def schedule(self, coordinator: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
-        """Queues `fn(*args, **kwargs)` to run once on some worker; returns
-        the engine's remote value at once. Per-worker arguments (from
-        `create_per_worker_dataset`) resolve to the chosen worker's."""
-
-    @abc.abstractmethod
-    def fetch(self, coordinator: Any, remote_value: Any) -> Any:
-        """Blocks until the engine's `remote_value` is ready; its result as
-        host values (NumPy), or the error its function raised."""
-
-    @abc.abstractmethod
-    def join(self, coordinator: Any) -> None:
-        """Blocks until every scheduled function has run; raises the first
-        error one raised (a worker lost is rescheduled, not an error)."""
-
-    @abc.abstractmethod
-    def done(self, coordinator: Any) -> bool:
-        """Whether every scheduled function has run (raises as `join`)."""
-
-    @abc.abstractmethod
-    def create_per_worker_dataset(self, coordinator: Any, dataset_fn: Callable) -> Any:
-        """A dataset on each worker, made there by `dataset_fn()` (no
-        argument: the core has bound the `InputContext` already);
-        `iter()` of the result is the per-worker iterator `schedule` takes."""
 
     # -- measurement -------------------------------------------------------
 
@@ -267,6 +244,39 @@ class OptionalCapabilities(typing.Protocol):
         dataset per replica: `InputReplicationMode.PER_REPLICA`).
         `engine` None: the default strategy (one replica, no splitting).
         Adapter without it: batches are split on the host (JAX)."""
+
+    # -- the parameter-server group: `CAPABILITY_GROUPS["parameter_servers"]`.
+    # The coordinator is the engine's own (TensorFlow: tf's ClusterCoordinator
+    # over tf's ParameterServerStrategy; JAX: Ray actors); `create_engine`
+    # builds the ps side for a `ParameterServerStrategy`; these are the
+    # coordinator's, called from the user's (the chief's) process. Adapter
+    # without them: `ParameterServerStrategy(...)` raises NotImplementedError
+    # naming the backend and `unsupported["parameter_servers"]`.
+
+    def create_coordinator(self, strategy: Any) -> Any:
+        """The engine's coordinator for the `ParameterServerStrategy`
+        `strategy` (one per strategy; the core caches it)."""
+
+    def schedule(self, coordinator: Any, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """Queues `fn(*args, **kwargs)` to run once on some worker; returns
+        the engine's remote value at once. Per-worker arguments (from
+        `create_per_worker_dataset`) resolve to the chosen worker's."""
+
+    def fetch(self, coordinator: Any, remote_value: Any) -> Any:
+        """Blocks until the engine's `remote_value` is ready; its result as
+        host values (NumPy), or the error its function raised."""
+
+    def join(self, coordinator: Any) -> None:
+        """Blocks until every scheduled function has run; raises the first
+        error one raised (a worker lost is rescheduled, not an error)."""
+
+    def done(self, coordinator: Any) -> bool:
+        """Whether every scheduled function has run (raises as `join`)."""
+
+    def create_per_worker_dataset(self, coordinator: Any, dataset_fn: Callable) -> Any:
+        """A dataset on each worker, made there by `dataset_fn()` (no
+        argument: the core has bound the `InputContext` already);
+        `iter()` of the result is the per-worker iterator `schedule` takes."""
 
     def create_server(
         self, cluster: dict, job_name: str, task_index: int, protocol: Optional[str], config: Any, start: bool
@@ -310,6 +320,13 @@ class OptionalCapabilities(typing.Protocol):
         naming the keras_dist spelling)."""
 
 
+#: Optional capabilities that come together: an adapter gives every method
+#: of a group or none of them.
+CAPABILITY_GROUPS = {
+    "parameter_servers": ("create_coordinator", "schedule", "fetch", "join", "done", "create_per_worker_dataset"),
+}
+
+
 def optional_methods() -> dict[str, inspect.Signature]:
     """Every optional capability, with its declared signature."""
     return {
@@ -348,6 +365,11 @@ def check_conforms(adapter: BackendAdapter) -> None:
         got = [(p.name, p.kind) for p in implemented.parameters.values()]
         if want != got:
             problems.append(f"{name}{implemented} (declared: {name}{declared})")
+    for group, names in CAPABILITY_GROUPS.items():
+        given = [name for name in names if getattr(adapter, name) is not None]
+        if given and len(given) != len(names):
+            missing = [name for name in names if name not in given]
+            problems.append(f"the {group} capability gives {', '.join(given)} but not {', '.join(missing)} (all or none)")
     if not adapter.name:
         problems.append("no `name`")
     if problems:

@@ -60,6 +60,20 @@ class _ParameterServerExtended(StrategyExtended):
         return 1
 
 
+def require_parameter_servers(adapter) -> None:
+    """Raises NotImplementedError, naming the backend, when its adapter has
+    no parameter-server engine (the optional capability group
+    `CAPABILITY_GROUPS["parameter_servers"]` left None)."""
+    from keras_dist.backends import CAPABILITY_GROUPS
+
+    if all(getattr(adapter, name) is not None for name in CAPABILITY_GROUPS["parameter_servers"]):
+        return
+    hint = adapter.unsupported.get(
+        "parameter_servers", "use MultiWorkerMirroredStrategy (synchronous), or the JAX or TensorFlow backend."
+    )
+    raise NotImplementedError(f"ParameterServerStrategy is not supported on the {adapter.name} backend: {hint}")
+
+
 class ParameterServerStrategy(Strategy):
     """Asynchronous data parallelism: variables on parameter servers,
     functions run by workers, scheduled from a coordinator.
@@ -80,6 +94,7 @@ class ParameterServerStrategy(Strategy):
     def __init__(self, cluster_resolver: Any = None, variable_partitioner: Optional[Callable] = None):
         from keras_dist.cluster_resolver import TFConfigClusterResolver
 
+        require_parameter_servers(get_adapter())
         get_adapter().check_parameter_servers_supported()  # a missing package: say so now
         resolver = _foreign.accept(cluster_resolver, "cluster_resolver") or TFConfigClusterResolver()
         check_parameter_server_cluster(resolver)

@@ -19,7 +19,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
 	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
-	test-zoo-tensorflow-tutorials
+	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -138,8 +138,9 @@ JAX_TEST_COMPILE = XLA_FLAGS="--xla_backend_optimization_level=0 $$XLA_FLAGS"
 #: The same sitecustomize.py turns TensorFlow's graph optimizer (grappler)
 #: off where KERAS_DIST_TEST_TF_GRAPPLER=off, as set here: it rewrites every
 #: tf.function each time one is instantiated, and the tests instantiate
-#: thousands of tiny ones (measured: TensorFlow's test_equivalence and
-#: test_central_storage 149 -> 128 CPU-s; a 2-worker job 67 -> 65). As with
+#: thousands of tiny ones (measured side by side, twice: TensorFlow's
+#: test_equivalence and test_custom_loops 134 -> 125 CPU-s, -7%; a 2-worker
+#: job 67 -> 65). As with
 #: JAX's -O0 above, each test compares two runs in the same setting, and
 #: TensorFlow's defaults stay tested by the targets that run without this
 #: folder: test-keras-min, -zoo, -bench, -faults, -stress and `make demo`.
@@ -253,21 +254,23 @@ test-stress: install
 # of distribute_strategy_test (93 cases per backend, 1 CPU-min) ported.
 # CI runs it after `make test` (measured: the application about 4 CPU-min,
 # mostly TensorFlow's tracing of every replica; the tutorials 3.8 CPU-min),
-# as five pytest runs, three at a time, longest first (tests/run_parts.py):
-# per backend the tutorials (multi-worker jobs) apart from the rest, and
-# TensorFlow's application apart too, so that what runs last is short and
-# keeps both cores busy (as three runs, 17 CPU-min took 608 s: the
-# application's run, a single-threaded tracer for most of it, ran alone for
-# the last 80 s and got half the machine before).
+# as six pytest runs, four at a time (tests/run_parts.py), TensorFlow's
+# first: a TensorFlow run gets less of the two cores than a JAX one beside
+# it (its tracer is one thread; XLA compiles on several). Per backend the
+# tutorials (multi-worker jobs) run apart from the rest, and TensorFlow's
+# application and ctl port apart too, so that what runs last is short (as
+# three runs, 17 CPU-min took 608 s, and the run left alone at the end
+# used one core; as five, three at a time, 608 s again: TensorFlow's
+# optimizer zoo, ports and ctl port took 608 s for 4.4 CPU-min).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
 	tests/peer/test_peer_distribute_strategy_keras_models.py
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
-ZOO_PARTS := test-zoo-tensorflow test-zoo-jax test-zoo-tensorflow-application test-zoo-jax-tutorials \
-	test-zoo-tensorflow-tutorials
+ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
+	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials
 
 test-zoo: install
 	@rm -f $(TEST_LOGS)/test-zoo-*.log $(TEST_LOGS)/durations/zoo-*.json; mkdir -p $(TEST_LOGS)/durations
-	@$(PYTHON) tests/run_parts.py --jobs 3 --logs $(TEST_LOGS) $(ZOO_PARTS)
+	@$(PYTHON) tests/run_parts.py --jobs 4 --logs $(TEST_LOGS) $(ZOO_PARTS)
 
 test-zoo-jax: install
 	$(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES))
@@ -276,7 +279,10 @@ test-zoo-jax-tutorials: install
 	$(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)
 
 test-zoo-tensorflow: install
-	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES) tests/peer/test_peer_ctl_correctness.py)
+	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES))
+
+test-zoo-tensorflow-ctl: install
+	$(call ZOO_TESTS,tensorflow-ctl,tensorflow,tests/peer/test_peer_ctl_correctness.py)
 
 test-zoo-tensorflow-application: install
 	$(call ZOO_TESTS,tensorflow-application,tensorflow,tests/test_zoo.py)

@@ -341,12 +341,12 @@ def test_a_lost_worker_s_functions_run_on_the_others(make_cluster):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     for _ in range(steps):
         coordinator.schedule(step, args=(iterator,))
-    _wait_for(lambda: cluster.stats["completed"] >= 10)
-    ray.kill(cluster.slots[0].handle)
+    _wait_for(lambda: cluster.scheduler.stats["completed"] >= 10)
+    ray.kill(cluster.scheduler.slots[0].handle)
     coordinator.join()
-    assert cluster.stats["redispatched"] >= 1  # its function in flight went back to the queue
-    assert cluster.stats["worker_restarts"] == 1  # and the slot started a new worker actor
-    assert cluster.stats["completed"] == steps
+    assert cluster.scheduler.stats["redispatched"] >= 1  # its function in flight went back to the queue
+    assert cluster.scheduler.stats["worker_restarts"] == 1  # and the slot started a new worker actor
+    assert cluster.scheduler.stats["completed"] == steps
     assert int(model.optimizer.iterations) == steps
     assert cluster.ps_reports()[0]["applied"] == steps
 
@@ -372,7 +372,7 @@ def test_a_lost_ps_is_a_clear_error_not_a_hang(make_cluster):
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     results = [coordinator.schedule(step, args=(iterator,)) for _ in range(300)]
-    _wait_for(lambda: cluster.stats["completed"] >= 5)
+    _wait_for(lambda: cluster.scheduler.stats["completed"] >= 5)
     ray.kill(cluster.ps[0])
     start = time.monotonic()
     with pytest.raises(ParameterServerError, match="parameter server was lost"):
@@ -398,7 +398,7 @@ def test_bad_inputs_one_clear_error_each_before_any_state_changes(one_one):
 
     strategy, coordinator = one_one
     cluster = _cluster(strategy)
-    datasets, scheduled, registered = dict(cluster.datasets), cluster.stats["scheduled"], len(cluster.variables)
+    datasets, scheduled, registered = dict(cluster.datasets), cluster.scheduler.stats["scheduled"], len(cluster.variables)
     x, y = _task(64)
     with pytest.raises(TypeError, match="function that makes the dataset"):
         coordinator.create_per_worker_dataset(_batches(x, y, 32))
@@ -412,7 +412,7 @@ def test_bad_inputs_one_clear_error_each_before_any_state_changes(one_one):
     outside_optimizer = keras.optimizers.SGD()
     with pytest.raises(ValueError, match="Optimizer '.*' was created outside the scope"):
         coordinator.schedule(lambda: outside_optimizer.apply_gradients([]))
-    assert cluster.stats["scheduled"] == scheduled and not cluster.queue
+    assert cluster.scheduler.stats["scheduled"] == scheduled and not cluster.scheduler.queue
     assert len(cluster.variables) == registered
 
     with strategy.scope():

@@ -37,3 +37,17 @@ class EngineKind(str, enum.Enum):
     #: Asynchronous workers, variables on parameter servers
     #: (ParameterServerStrategy; an optional capability of an adapter).
     PARAMETER_SERVER = "parameter_server"
+
+
+def engine_builder(table: dict, kind, backend: str):
+    """`table[kind]`: the adapter's function that builds an engine of `kind`,
+    or one error naming the table to extend (a strategy whose kind this
+    backend's adapter has no entry for)."""
+    try:
+        return table[kind]
+    except (KeyError, TypeError):
+        raise NotImplementedError(
+            f"The {backend} backend has no engine of kind {kind!r}: a strategy of a new kind needs "
+            f"one entry in `_ENGINES` of keras_dist/backends/{backend}/_engine.py (see "
+            "keras_dist/ARCHITECTURE.md, 'Adding a strategy')."
+        ) from None

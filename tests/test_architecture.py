@@ -184,6 +184,31 @@ def test_the_adapter_conforms():
         assert function.__module__ != f"keras_dist.backends.{adapter.name}._adapter", name
 
 
+def test_the_contract_is_one_protocol_per_concern_and_nothing_else():
+    """Every adapter method is declared by exactly one concern Protocol; the
+    required ones are `BackendAdapter`'s abstract methods, the optional ones
+    None on it; `BackendAdapter` adds no method of its own beyond
+    `check_parameter_servers_supported` (a default)."""
+    from keras_dist.backends import OPTIONAL_CONCERNS, REQUIRED_CONCERNS, concern_methods, concern_of
+
+    declared = [name for concern in REQUIRED_CONCERNS + OPTIONAL_CONCERNS for name in concern_methods(concern)]
+    assert len(declared) == len(set(declared)), "a method declared by two concerns"
+    required = {name for concern in REQUIRED_CONCERNS for name in concern_methods(concern)}
+    # place_variable_value: a required concern's method with a default
+    assert set(required_methods()) == required - {"place_variable_value"}
+    assert set(optional_methods()) == set(declared) - required
+    for name in optional_methods():
+        assert inspect.getattr_static(BackendAdapter, name) is None, name
+    own = {
+        name for name, value in vars(BackendAdapter).items()
+        if inspect.isfunction(value) and not name.startswith("_")
+    }
+    assert own == {"check_parameter_servers_supported"}
+    assert set(CAPABILITY_GROUPS["parameter_servers"]) == set(concern_methods(concern_of("schedule")))
+    with pytest.raises(KeyError, match="no concern declares 'spin'"):
+        concern_of("spin")
+
+
 def test_an_incomplete_or_misdeclared_adapter_is_refused():
     class Missing(BackendAdapter):
         name = "missing"
@@ -193,7 +218,7 @@ def test_an_incomplete_or_misdeclared_adapter_is_refused():
 
     implementations = {name: (lambda self, *a, **k: None) for name in required_methods()}
     Loose = type("Loose", (BackendAdapter,), {"name": "loose", **implementations})
-    with pytest.raises(TypeError, match="does not conform.*visible_devices"):
+    with pytest.raises(TypeError, match="does not conform.*visible_devices.*declared by Devices"):
         check_conforms(Loose())
 
 
@@ -214,7 +239,7 @@ def test_an_optional_capability_is_none_or_declared_exactly():
     with pytest.raises(TypeError, match="does not conform.*create_server"):
         check_conforms(Wrong())
     NoneRequired = type("NoneRequired", (Lean,), {"run": None})
-    with pytest.raises(TypeError, match="run is None"):
+    with pytest.raises(TypeError, match="run \\(CustomLoops\\) is None"):
         check_conforms(NoneRequired())
     # a group is all or none: half a parameter-server engine is refused
     group = CAPABILITY_GROUPS["parameter_servers"]
@@ -272,6 +297,10 @@ def test_architecture_page_names_real_modules():
     assert not missing, missing
     for method in [*required_methods(), *optional_methods()]:  # the adapter method set, listed in full
         assert f"`{method}`" in text, method
+    from keras_dist.backends import OPTIONAL_CONCERNS, REQUIRED_CONCERNS
+
+    for concern in REQUIRED_CONCERNS + OPTIONAL_CONCERNS:  # and its concerns
+        assert f"`{concern.__name__}`" in text, concern.__name__
 
 
 def test_lazy_exports_and_type_checking_imports_agree():
@@ -292,3 +321,46 @@ def test_lazy_exports_and_type_checking_imports_agree():
     assert {k: v for k, v in imported.items() if k not in subpackages} == keras_dist._EXPORTS
     for name in keras_dist.__all__:
         assert getattr(keras_dist, name) is not None, name
+
+
+def _walkthrough_blocks() -> list:
+    text = (PACKAGE / "ARCHITECTURE.md").read_text()
+    section = text[text.index("## Adding a strategy"):]
+    return re.findall(r"^```python\n(.*?)^```", section, re.M | re.S)
+
+
+def test_adding_a_strategy_is_one_module_and_one_table_entry(monkeypatch):
+    """ARCHITECTURE.md's walkthrough, run as written: its strategy module
+    and its one `_ENGINES` entry make a strategy of a new engine kind that
+    trains as one device does (fit, evaluate, predict); before the entry,
+    one error naming the table, raised before anything is placed."""
+    import importlib
+
+    import numpy as np
+
+    from _helpers import FEATURES, assert_fit_evaluate_predict_match, twin
+    from keras_dist._engine_kind import EngineKind
+
+    module_block, table_block = _walkthrough_blocks()
+    namespace: dict = {}
+    exec(compile(module_block, "ARCHITECTURE.md (strategy module)", "exec"), namespace)
+    FirstDevicesStrategy = namespace["FirstDevicesStrategy"]
+
+    strategy = FirstDevicesStrategy(2)
+    assert strategy.num_replicas_in_sync == 2
+    name = get_adapter().name
+    with pytest.raises(NotImplementedError, match=f"no engine of kind 'first_devices'.*backends/{name}/_engine.py"):
+        with strategy.scope():
+            pass
+
+    engine = importlib.import_module(f"keras_dist.backends.{name}._engine")
+    table = dict(engine._ENGINES)
+    exec(compile(table_block, "ARCHITECTURE.md (table entry)", "exec"), {"_ENGINES": table, "EngineKind": EngineKind})
+    assert set(table) - set(engine._ENGINES) == {"first_devices"}
+    monkeypatch.setattr(engine, "_ENGINES", table)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(36, FEATURES)).astype("float32")
+    y = (x[:, :1] > 0).astype("float32")
+    reference, distributed = twin(FirstDevicesStrategy(2), optimizer="sgd")
+    assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size=10, epochs=2)

@@ -11,19 +11,27 @@ import importlib
 
 from keras_dist.backends._base import (
     CAPABILITY_GROUPS,
+    OPTIONAL_CONCERNS,
+    REQUIRED_CONCERNS,
     BackendAdapter,
     OptionalCapabilities,
     check_conforms,
+    concern_methods,
+    concern_of,
     optional_methods,
     required_methods,
 )
 
 __all__ = [
     "CAPABILITY_GROUPS",
+    "OPTIONAL_CONCERNS",
+    "REQUIRED_CONCERNS",
     "BackendAdapter",
     "OptionalCapabilities",
     "backend_name",
     "check_conforms",
+    "concern_methods",
+    "concern_of",
     "get_adapter",
     "optional_methods",
     "required_methods",

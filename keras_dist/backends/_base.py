@@ -1,4 +1,12 @@
-"""`BackendAdapter`: every method a Keras backend must provide to keras_dist.
+"""`BackendAdapter`: every method a Keras backend must provide to keras_dist,
+declared as one typed Protocol per concern.
+
+Required concerns (`REQUIRED_CONCERNS`): `Devices`, `MultiProcessJobs`,
+`Input`, `CustomLoops`, `TrainingSteps`, `Measurement`. Optional
+capabilities (`OPTIONAL_CONCERNS`: `NativeInput`, `ParameterServers` (a
+group: all or none), `ParameterServerVariables`, `Servers`,
+`BackendObjects`) are None on an adapter whose backend lacks them, never a
+stub. `BackendAdapter` is the required concerns together.
 
 The core (strategies, scopes, distributed values, input, losses, hooks) asks
 the backend for nothing outside this class. Each backend subclasses it once
@@ -25,37 +33,12 @@ import typing
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 
-class BackendAdapter(abc.ABC):
-    """What keras_dist needs from a backend, grouped by concern."""
+# -- the required concerns ------------------------------------------------------
 
-    #: The Keras backend name ("jax", "tensorflow").
-    name: str = ""
 
-    # -- optional capabilities -----------------------------------------------
-    # An adapter whose backend lacks one leaves it None (a capability, not a
-    # stub); the core then does without it, or raises one clear error naming
-    # the backend and the `unsupported` hint below. Their signatures are
-    # declared by `OptionalCapabilities` and checked like the rest.
-    distribute_dataset_natively: Optional[Callable[..., Any]] = None
-    # parameter servers (ParameterServerStrategy, ClusterCoordinator): all
-    # of `CAPABILITY_GROUPS["parameter_servers"]` or none
-    create_coordinator: Optional[Callable[..., Any]] = None
-    schedule: Optional[Callable[..., Any]] = None
-    fetch: Optional[Callable[..., Any]] = None
-    join: Optional[Callable[..., Any]] = None
-    done: Optional[Callable[..., Any]] = None
-    create_per_worker_dataset: Optional[Callable[..., Any]] = None
-    create_server: Optional[Callable[..., Any]] = None
-    assign_on_ps: Optional[Callable[..., Any]] = None
-    apply_optimizer: Optional[Callable[..., Any]] = None
-    variable_parts: Optional[Callable[..., Any]] = None
-    from_backend_object: Optional[Callable[..., Any]] = None
+class Devices(typing.Protocol):
+    """Devices and placement: which devices there are, the engine over them, where variables go."""
 
-    #: capability (or group) name -> what to do instead on this backend
-    #: (used in the core's "not supported" error), for those left None.
-    unsupported: dict = {}
-
-    # -- devices and placement -------------------------------------------------
 
     @abc.abstractmethod
     def visible_devices(self) -> tuple[str, ...]:
@@ -86,7 +69,10 @@ class BackendAdapter(abc.ABC):
     def owns_variable(self, engine: Any, variable: Any) -> bool:
         """True if the Keras `variable` is placed by `engine`."""
 
-    # -- multi-process jobs ------------------------------------------------
+
+class MultiProcessJobs(typing.Protocol):
+    """Jobs of several processes: joining one, and values agreed across its workers."""
+
 
     @abc.abstractmethod
     def initialize_multi_worker(self, resolver: Any, options: Any) -> None:
@@ -129,7 +115,10 @@ class BackendAdapter(abc.ABC):
         worker calls it at the same point. Outside a multi-process job,
         each value with a first axis of length 1."""
 
-    # -- input -------------------------------------------------------------
+
+class Input(typing.Protocol):
+    """Input: batches as the backend takes them, split over the replicas."""
+
 
     @abc.abstractmethod
     def iterate_batches(self, dataset: Any) -> Any:
@@ -143,7 +132,10 @@ class BackendAdapter(abc.ABC):
     def combine_replica_batches(self, engine: Any, batches: list) -> Any:
         """One batch per replica (fewer at the end) -> per-replica values."""
 
-    # -- custom loops: replica and cross-replica computation ---------------
+
+class CustomLoops(typing.Protocol):
+    """Custom loops: replica and cross-replica computation (`strategy.run`, `reduce`, `gather`)."""
+
 
     @abc.abstractmethod
     def distribute_values(self, engine: Any, values: list) -> Any:
@@ -165,7 +157,10 @@ class BackendAdapter(abc.ABC):
     def local_results(self, engine: Any, value: Any) -> tuple:
         """The per-replica components of `value` held by this process."""
 
-    # -- Keras training steps (called by the hooks) ------------------------
+
+class TrainingSteps(typing.Protocol):
+    """Keras training steps (called by the hooks): the distributed step functions and what runs inside them."""
+
 
     @abc.abstractmethod
     def make_trainer_function(self, model: Any, strategy: Any, kind: str) -> Optional[Callable]:
@@ -205,33 +200,22 @@ class BackendAdapter(abc.ABC):
         """Inside a per-replica step: BatchNormalization mean and variance
         over the global batch."""
 
-    # -- parameter servers (ParameterServerStrategy, ClusterCoordinator) ----
-    # The coordinator's methods are an optional capability group
-    # (`CAPABILITY_GROUPS`, declared in `OptionalCapabilities`): a backend
-    # without a parameter-server engine leaves them None, and the core's
-    # `ParameterServerStrategy` says so when it is made.
 
-    def check_parameter_servers_supported(self) -> None:
-        """Raises, naming the fix, when this backend cannot run a
-        `ParameterServerStrategy` here (a missing optional package), so the
-        error comes when the strategy is made, not at its first use.
-        Optional: the default accepts."""
+class Measurement(typing.Protocol):
+    """Measurement (`keras-dist bench`, `ScalingReport`)."""
 
-    # -- measurement -------------------------------------------------------
 
     @abc.abstractmethod
     def time_all_reduce(self, engine: Any, shapes_and_dtypes: list, repeats: int = 5) -> float:
         """Median seconds to all-reduce buffers of these shapes (a
         collective: every worker calls it)."""
 
-    # -- the backend library's own objects (ported code) ---------------------
+
+# -- optional capabilities: each None on an adapter whose backend lacks it ----
 
 
-
-
-class OptionalCapabilities(typing.Protocol):
-    """The declared signatures of `BackendAdapter`'s optional capabilities
-    (each None on an adapter whose backend lacks it; see `optional_methods`)."""
+class NativeInput(typing.Protocol):
+    """The engine's own distributed dataset (TensorFlow: tf.data)."""
 
     def distribute_dataset_natively(self, engine: Any, dataset: Any, first_replica: int, kind: str, options: Any) -> Any:
         """The engine's own distributed dataset where it has one
@@ -245,13 +229,15 @@ class OptionalCapabilities(typing.Protocol):
         `engine` None: the default strategy (one replica, no splitting).
         Adapter without it: batches are split on the host (JAX)."""
 
-    # -- the parameter-server group: `CAPABILITY_GROUPS["parameter_servers"]`.
-    # The coordinator is the engine's own (TensorFlow: tf's ClusterCoordinator
-    # over tf's ParameterServerStrategy; JAX: Ray actors); `create_engine`
-    # builds the ps side for a `ParameterServerStrategy`; these are the
-    # coordinator's, called from the user's (the chief's) process. Adapter
-    # without them: `ParameterServerStrategy(...)` raises NotImplementedError
-    # naming the backend and `unsupported["parameter_servers"]`.
+
+class ParameterServers(typing.Protocol):
+    """The coordinator's side of `ParameterServerStrategy` and
+    `ClusterCoordinator`, called from the user's (the chief's) process: a
+    capability group (`CAPABILITY_GROUPS`), all or none. The coordinator is
+    the engine's own (TensorFlow: tf's ClusterCoordinator over tf's
+    ParameterServerStrategy; JAX: Ray actors); `create_engine` builds the ps
+    side. Adapter without them: `ParameterServerStrategy(...)` raises
+    NotImplementedError naming the backend and `unsupported["parameter_servers"]`."""
 
     def create_coordinator(self, strategy: Any) -> Any:
         """The engine's coordinator for the `ParameterServerStrategy`
@@ -278,15 +264,11 @@ class OptionalCapabilities(typing.Protocol):
         argument: the core has bound the `InputContext` already);
         `iter()` of the result is the per-worker iterator `schedule` takes."""
 
-    def create_server(
-        self, cluster: dict, job_name: str, task_index: int, protocol: Optional[str], config: Any, start: bool
-    ) -> Any:
-        """A server for one task of a parameter-server cluster (`cluster`:
-        job -> addresses), as `tf.distribute.Server`: the result has
-        `start()`, `join()` (blocks for ever) and `target`. Adapter without
-        it: `keras_dist.Server` raises NotImplementedError with the
-        adapter's `unsupported["create_server"]` hint (JAX: the workers are
-        Ray actors the strategy starts)."""
+
+class ParameterServerVariables(typing.Protocol):
+    """Variables on parameter servers where the engine needs a hand: writes
+    applied once when a scheduled function runs again, variables split
+    over the ps tasks. Each optional alone."""
 
     def assign_on_ps(self, variable: Any, value: Any) -> Any:
         """`variable.assign(value)` of a variable on a parameter server,
@@ -311,6 +293,24 @@ class OptionalCapabilities(typing.Protocol):
         Layers compute with `variable` (all its rows); gradients and
         updates go to the parts. Adapter without it: every variable whole."""
 
+
+class Servers(typing.Protocol):
+    """A task's server process for a cluster (`keras_dist.Server`)."""
+
+    def create_server(
+        self, cluster: dict, job_name: str, task_index: int, protocol: Optional[str], config: Any, start: bool
+    ) -> Any:
+        """A server for one task of a parameter-server cluster (`cluster`:
+        job -> addresses), as `tf.distribute.Server`: the result has
+        `start()`, `join()` (blocks for ever) and `target`. Adapter without
+        it: `keras_dist.Server` raises NotImplementedError with the
+        adapter's `unsupported["create_server"]` hint (JAX: the workers are
+        Ray actors the strategy starts)."""
+
+
+class BackendObjects(typing.Protocol):
+    """The backend library's own objects in ported code (tf.distribute's)."""
+
     def from_backend_object(self, value: Any, kind: str) -> Any:
         """keras_dist's own object of `kind` (a key of `keras_dist._foreign.KINDS`:
         "reduce_op", "cross_device_ops", ...) for `value`, an object of the
@@ -320,6 +320,54 @@ class OptionalCapabilities(typing.Protocol):
         naming the keras_dist spelling)."""
 
 
+#: The concerns every adapter implements, in the order of this module.
+REQUIRED_CONCERNS = (Devices, MultiProcessJobs, Input, CustomLoops, TrainingSteps, Measurement)
+#: The optional capabilities, by concern.
+OPTIONAL_CONCERNS = (NativeInput, ParameterServers, ParameterServerVariables, Servers, BackendObjects)
+
+
+class OptionalCapabilities(NativeInput, ParameterServers, ParameterServerVariables, Servers, BackendObjects, typing.Protocol):
+    """Every optional capability (each None on an adapter whose backend
+    lacks it; see `optional_methods`)."""
+
+
+class BackendAdapter(Devices, MultiProcessJobs, Input, CustomLoops, TrainingSteps, Measurement, abc.ABC):
+    """What keras_dist needs from a backend: every required concern's
+    methods (abstract: an adapter missing one fails when it is made) and
+    the optional capabilities, None until the adapter gives them."""
+
+    #: The Keras backend name ("jax", "tensorflow").
+    name: str = ""
+
+    # -- optional capabilities (declared by `OPTIONAL_CONCERNS`) ------------
+    # An adapter whose backend lacks one leaves it None (a capability, not a
+    # stub); the core then does without it, or raises one clear error naming
+    # the backend and the `unsupported` hint below.
+    distribute_dataset_natively: Optional[Callable[..., Any]] = None
+    # `ParameterServers`: all of `CAPABILITY_GROUPS["parameter_servers"]` or none
+    create_coordinator: Optional[Callable[..., Any]] = None
+    schedule: Optional[Callable[..., Any]] = None
+    fetch: Optional[Callable[..., Any]] = None
+    join: Optional[Callable[..., Any]] = None
+    done: Optional[Callable[..., Any]] = None
+    create_per_worker_dataset: Optional[Callable[..., Any]] = None
+    assign_on_ps: Optional[Callable[..., Any]] = None
+    apply_optimizer: Optional[Callable[..., Any]] = None
+    variable_parts: Optional[Callable[..., Any]] = None
+    create_server: Optional[Callable[..., Any]] = None
+    from_backend_object: Optional[Callable[..., Any]] = None
+
+    #: capability (or group) name -> what to do instead on this backend
+    #: (used in the core's "not supported" error), for those left None.
+    unsupported: dict = {}
+
+    def check_parameter_servers_supported(self) -> None:
+        """Raises, naming the fix, when this backend cannot run a
+        `ParameterServerStrategy` here (a missing optional package), so the
+        error comes when the strategy is made, not at its first use.
+        Optional: the default accepts."""
+
+
 #: Optional capabilities that come together: an adapter gives every method
 #: of a group or none of them.
 CAPABILITY_GROUPS = {
@@ -327,13 +375,26 @@ CAPABILITY_GROUPS = {
 }
 
 
+def concern_methods(concern: type) -> dict[str, inspect.Signature]:
+    """The methods one concern Protocol declares, with their signatures."""
+    return {
+        name: inspect.signature(value)
+        for name, value in sorted(vars(concern).items())
+        if not name.startswith("_") and inspect.isfunction(value)
+    }
+
+
+def concern_of(name: str) -> type:
+    """The concern Protocol that declares the adapter method `name`."""
+    for concern in REQUIRED_CONCERNS + OPTIONAL_CONCERNS:
+        if name in vars(concern):
+            return concern
+    raise KeyError(f"no concern declares {name!r}")
+
+
 def optional_methods() -> dict[str, inspect.Signature]:
     """Every optional capability, with its declared signature."""
-    return {
-        name: inspect.signature(getattr(OptionalCapabilities, name))
-        for name in sorted(vars(OptionalCapabilities))
-        if not name.startswith("_") and callable(getattr(OptionalCapabilities, name))
-    }
+    return dict(sorted((k, v) for concern in OPTIONAL_CONCERNS for k, v in concern_methods(concern).items()))
 
 
 def required_methods() -> dict[str, inspect.Signature]:
@@ -357,14 +418,15 @@ def check_conforms(adapter: BackendAdapter) -> None:
         method = getattr(adapter, name)
         if method is None and name in optional_methods():
             continue
+        concern = concern_of(name).__name__
         if method is None:
-            problems.append(f"{name} is None (only optional capabilities may be)")
+            problems.append(f"{name} ({concern}) is None (only optional capabilities may be)")
             continue
         implemented = inspect.signature(method)
         want = [(p.name, p.kind) for p in declared.parameters.values()][1:]  # less `self`
         got = [(p.name, p.kind) for p in implemented.parameters.values()]
         if want != got:
-            problems.append(f"{name}{implemented} (declared: {name}{declared})")
+            problems.append(f"{name}{implemented} (declared by {concern}: {name}{declared})")
     for group, names in CAPABILITY_GROUPS.items():
         given = [name for name in names if getattr(adapter, name) is not None]
         if given and len(given) != len(names):

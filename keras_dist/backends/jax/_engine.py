@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
-from keras_dist._engine_kind import EngineKind
+from keras_dist._engine_kind import EngineKind, engine_builder
 from keras_dist.backends.jax import _cluster
 
 BATCH_AXIS = "batch"
@@ -160,7 +160,7 @@ def compiler_options_for(ops):
 def create_engine(extended) -> JaxEngine:
     """The engine for a strategy's `StrategyExtended`, by its `engine_kind`
     (its engine devices, its cross-device ops)."""
-    return _ENGINES[extended.engine_kind](extended)
+    return engine_builder(_ENGINES, extended.engine_kind, "jax")(extended)
 
 
 def _data_parallel_engine(extended, parameter_device=None, steps_on_device=False) -> JaxEngine:

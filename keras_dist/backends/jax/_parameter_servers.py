@@ -29,7 +29,6 @@ over Ray actors (`_ray_actors`: `ParameterServer`, `Worker`).
 
 from __future__ import annotations
 
-import io
 import itertools
 import os
 import sys
@@ -40,6 +39,7 @@ import weakref
 import numpy as np
 
 from keras_dist import _heartbeat
+from keras_dist.backends.jax import _ps_pickling
 from keras_dist.backends.jax._ps_scheduler import Closure, Scheduler
 from keras_dist.backends.jax._ps_step import TrainStep
 from keras_dist.backends.jax._ray_runtime import (
@@ -51,7 +51,6 @@ from keras_dist.backends.jax._ray_runtime import (
     _ray_is_up,
     _register_exit_hook,
 )
-from keras_dist.coordinator import PerWorkerValues
 
 #: Seconds a worker or the coordinator waits for a parameter server
 #: (KERAS_DIST_PS_TIMEOUT when the coordinator starts).
@@ -222,7 +221,7 @@ class Cluster:
         _LIVE_CLUSTERS.discard(self)
 
     # -- registration
-    def _owned(self, variable) -> bool:
+    def owns(self, variable) -> bool:
         strategy = self.strategy_ref()
         return variable in strategy.extended.engine.variables
 
@@ -264,7 +263,7 @@ class Cluster:
                     "(give it an Input shape, or call it on a batch) before scheduling functions "
                     "that use it."
                 )
-            outside = [v.path for v in variables if not self._owned(v)]
+            outside = [v.path for v in variables if not self.owns(v)]
             if outside:
                 raise ValueError(
                     f"Model variable {outside[0]!r} was created outside the scope of the "
@@ -314,7 +313,7 @@ class Cluster:
     def _check_optimizer(self, optimizer) -> None:
         import keras
 
-        if not self._owned(optimizer.iterations):
+        if not self.owns(optimizer.iterations):
             raise ValueError(
                 f"Optimizer {optimizer.name!r} was created outside the scope of the "
                 "ParameterServerStrategy. Create it inside `with strategy.scope():` (or give it by "
@@ -372,71 +371,9 @@ class Cluster:
             return None
         return best[0], name[len(best[1]) :]
 
-    # -- pickling a scheduled function
-    def token(self, obj, needs: list):
-        import keras
-
-        from keras_dist.coordinator import ClusterCoordinator
-
-        strategy = self.strategy_ref()
-        if obj is strategy:
-            return ("strategy",)
-        if isinstance(obj, ClusterCoordinator):
-            raise TypeError("A scheduled function cannot use the ClusterCoordinator: it runs on a worker.")
-        if isinstance(obj, PerWorkerIterator):
-            if obj._cluster is not self:
-                raise ValueError("This per-worker iterator belongs to another ClusterCoordinator.")
-            needs.append(("dataset", obj._dataset_id))
-            return ("iterator", obj._iterator_id, obj._dataset_id)
-        if isinstance(obj, PerWorkerDataset):
-            raise TypeError(
-                "A scheduled function takes the per-worker iterator, iter(per_worker_dataset), "
-                "not the per-worker dataset."
-            )
-        if isinstance(obj, keras.Model):
-            mid = self.register_model(obj)
-            needs.append(("model", mid))
-            return ("model", mid)
-        if isinstance(obj, keras.optimizers.Optimizer):
-            return ("optimizer", self.register_optimizer(obj))
-        if isinstance(obj, keras.Variable):
-            vid = self.vid_of.get(id(obj))
-            if vid is not None and self.variables[vid] is obj:
-                for mid, model, layout, _, _ in self.models.values():
-                    for position, (v, _) in enumerate(layout):
-                        if v == vid:
-                            needs.append(("model", mid))
-                            return ("variable", mid, position)
-            if self._owned(obj):
-                raise ValueError(
-                    f"A scheduled function uses variable {obj.path!r}, which belongs to no model it "
-                    "refers to. On JAX, scheduled functions read variables through their model: "
-                    "refer to the model (its variables follow)."
-                )
-            return None
-        if isinstance(obj, (keras.layers.Layer, keras.metrics.Metric)) and any(self._owned(v) for v in obj.variables):
-            raise ValueError(
-                f"A scheduled function uses {type(obj).__name__} {obj.name!r} made in the strategy's "
-                "scope. On JAX, scheduled functions may refer to models and optimizers (the model's "
-                "layers through the model); metrics live on the coordinator: return values from the "
-                "function and update metrics with what fetch() gives."
-            )
-        return None
-
+    # -- pickling a scheduled function (the tokens: _ps_pickling)
     def pickle_call(self, fn, args, kwargs):
-        import ray.cloudpickle as cloudpickle
-
-        cluster = self
-        needs: list = []
-
-        class Pickler(cloudpickle.CloudPickler):
-            def persistent_id(self, obj):
-                return cluster.token(obj, needs)
-
-        buffer = io.BytesIO()
-        Pickler(buffer).dump((fn, args, kwargs))
-        unique = list(dict.fromkeys(needs))
-        return buffer.getvalue(), unique
+        return _ps_pickling.pickle_call(self, fn, args, kwargs)
 
     def send_coordinator_writes(self) -> None:
         """Model variables assigned in the coordinator since they were sent
@@ -574,44 +511,6 @@ class Cluster:
         return out
 
 
-# -- per-worker datasets ----------------------------------------------------------
-
-
-class PerWorkerDataset(PerWorkerValues):
-    """A dataset made on each worker by `dataset_fn`; `iter()` of it is the
-    per-worker iterator a scheduled function takes."""
-
-    def __init__(self, cluster: Cluster, dataset_id: int):
-        super().__init__(("dataset", dataset_id))
-        self._cluster = cluster
-        self._dataset_id = dataset_id
-
-    def __iter__(self):
-        return PerWorkerIterator(self._cluster, self._dataset_id, next(self._cluster._ids))
-
-    def __repr__(self):
-        return f"PerWorkerDataset(workers={self._cluster.num_workers})"
-
-
-class PerWorkerIterator(PerWorkerValues):
-    """Each worker's own iterator over its dataset (a token here)."""
-
-    def __init__(self, cluster: Cluster, dataset_id: int, iterator_id: int):
-        super().__init__(("iterator", iterator_id))
-        self._cluster = cluster
-        self._dataset_id = dataset_id
-        self._iterator_id = iterator_id
-
-    def __next__(self):
-        raise TypeError(
-            "A per-worker iterator is read on the workers: pass it to a scheduled function "
-            "(coordinator.schedule(fn, args=(iterator,))) and call next() there."
-        )
-
-    def __repr__(self):
-        return f"PerWorkerIterator(workers={self._cluster.num_workers})"
-
-
 # -- the adapter's methods ------------------------------------------------------
 
 
@@ -642,23 +541,7 @@ def done(coordinator: Cluster) -> bool:
 
 
 def create_per_worker_dataset(coordinator: Cluster, dataset_fn):
-    import ray.cloudpickle as cloudpickle
-
-    from keras_dist._input import is_dataset_object
-
-    if is_dataset_object(dataset_fn):
-        raise TypeError(
-            "On JAX the workers are Ray actors, which a tf.data.Dataset made here cannot be "
-            "sent to: pass a function that makes it on each worker, e.g. "
-            "keras_dist.experimental.DatasetCreator(lambda input_context: make_dataset()) "
-            "for fit, or coordinator.create_per_worker_dataset(make_dataset)."
-        )
-    coordinator.start()
-    if not callable(dataset_fn):
-        raise TypeError("create_per_worker_dataset takes a function that makes the dataset.")
-    dataset_id = next(coordinator._ids)
-    coordinator.datasets[dataset_id] = cloudpickle.dumps(dataset_fn)
-    return PerWorkerDataset(coordinator, dataset_id)
+    return _ps_pickling.create_per_worker_dataset(coordinator, dataset_fn)
 
 
 def shutdown(strategy) -> None:

@@ -12,7 +12,7 @@ import os
 import tensorflow as tf
 
 from keras_dist import _devices
-from keras_dist._engine_kind import EngineKind
+from keras_dist._engine_kind import EngineKind, engine_builder
 from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
 from keras_dist.backends.tensorflow._cluster import _multi_worker, _tpu_system, initialize_tpu_system
 from keras_dist.backends.tensorflow._strategies import (
@@ -115,7 +115,7 @@ def _tf_cross_device_ops(ops):
 def create_engine(extended):
     """The tf.distribute strategy for a keras_dist `StrategyExtended`, by its
     `engine_kind`."""
-    return _ENGINES[extended.engine_kind](extended)
+    return engine_builder(_ENGINES, extended.engine_kind, "tensorflow")(extended)
 
 
 def _parameter_server_engine(extended):

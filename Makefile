@@ -250,8 +250,8 @@ test-stress: install
 # and every optimizer Keras ships under those three strategies, built
 # lazily and eagerly (tests/test_optimizer_zoo.py, about 1 CPU-min each),
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
-# keras_save_load_test (91 cases per backend, 1.2 CPU-min) and two classes
-# of distribute_strategy_test (93 cases per backend, 1 CPU-min) ported.
+# keras_save_load_test (91 cases per backend, 1.2 CPU-min) and four classes
+# of distribute_strategy_test (93 + 61 cases per backend, 1.7 CPU-min) ported.
 # CI runs it after `make test` (measured: the application about 4 CPU-min,
 # mostly TensorFlow's tracing of every replica; the tutorials 3.8 CPU-min),
 # as six pytest runs, four at a time (tests/run_parts.py), TensorFlow's
@@ -263,7 +263,7 @@ test-stress: install
 # used one core; as five, three at a time, 608 s again: TensorFlow's
 # optimizer zoo, ports and ctl port took 608 s for 4.4 CPU-min).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
-	tests/peer/test_peer_distribute_strategy_keras_models.py
+	tests/peer/test_peer_distribute_strategy_keras_models.py tests/peer/test_peer_distribute_strategy_numpy.py
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
 ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
 	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials

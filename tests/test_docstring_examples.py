@@ -1,7 +1,10 @@
 """Every fenced example in a public docstring runs (a docstring example that
-raises NameError is a bug). Each runs in a fresh namespace holding what the
-examples take as given: `x`, `y`, a compiled `model`, `np`, `keras`."""
+raises NameError is a bug), and every result it states holds: a line
+`expression  # value`, with a Python literal as the value, is checked as
+`assert expression == value`. Each runs in a fresh namespace holding what
+the examples take as given: `x`, `y`, a compiled `model`, `np`, `keras`."""
 
+import ast
 import inspect
 import re
 
@@ -39,9 +42,44 @@ EXAMPLES = [
 ]
 
 
+_STATED = re.compile(r"^(?P<indent>\s*)(?P<expression>\S.*?)\s+#\s*(?P<value>.+?)\s*$")
+
+
+def _stated_results(block: str) -> tuple[str, int]:
+    """`block` with each `expression  # literal` line made an assertion of
+    that literal, and how many there were."""
+    lines, count = [], 0
+    for line in block.splitlines():
+        match = _STATED.match(line)
+        if match:
+            expression, value = match["expression"], match["value"]
+            try:
+                is_expression = isinstance(ast.parse(expression).body[0], ast.Expr)
+                ast.literal_eval(value)
+            except (SyntaxError, ValueError, IndexError):
+                is_expression = False
+            if is_expression:
+                count += 1
+                line = (
+                    f"{match['indent']}assert ({expression}) == {value}, "
+                    f"{expression!r} + ' is ' + repr({expression}) + ', the example says ' + {value!r}"
+                )
+        lines.append(line)
+    return "\n".join(lines) + "\n", count
+
+
 def test_the_examples_are_found():
     names = {name.rsplit("[", 1)[0] for name, _ in EXAMPLES}
     assert {"keras_dist.Strategy.run", "keras_dist.experimental_set_strategy", "keras_dist.ReplicaContext"} <= names
+    # the results examples state, checked as they run
+    assert sum(_stated_results(block)[1] for _, block in EXAMPLES) >= 3
+
+
+def test_a_stated_result_that_does_not_hold_fails():
+    checked, count = _stated_results("n = 2\nn + 1  # 4\nprint(n)  # a comment, not a value\n")
+    assert count == 1
+    with pytest.raises(AssertionError, match="n \\+ 1 is 3, the example says 4"):
+        exec(checked, {})
 
 
 @pytest.mark.parametrize("block", [block for _, block in EXAMPLES], ids=[name for name, _ in EXAMPLES])
@@ -54,4 +92,4 @@ def test_docstring_example_runs(block, tmp_path, monkeypatch):
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer="sgd", loss="binary_crossentropy")
     namespace = {"keras": keras, "keras_dist": keras_dist, "np": np, "x": x, "y": y, "model": model}
-    exec(compile(block, "<docstring example>", "exec"), namespace)
+    exec(compile(_stated_results(block)[0], "<docstring example>", "exec"), namespace)

@@ -59,11 +59,13 @@ def _check_scope(model, strategy, action: str) -> None:
 def _check_variables(strategy, variables, what: str) -> None:
     for variable in variables:
         if not strategy.extended.variable_created_in_scope(variable):
+            # tf.keras 2's words for a metric, which ported tests match
+            metrics = " All metrics must be created in the same distribution strategy scope as the model." if what == "Metric" else ""
             raise ValueError(
                 f"{what} variable {variable.path!r} was not created in the "
                 f"distribution strategy scope (it was created outside the "
                 f"scope of {strategy!r}), so it is not distributed with the "
-                "rest. Create every layer, optimizer and metric of the "
+                f"rest.{metrics} Create every layer, optimizer and metric of the "
                 "model inside `with strategy.scope():` (optimizers and "
                 "metrics given by name, e.g. optimizer='adam', are created "
                 "there for you)."

@@ -19,6 +19,7 @@ import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
 
 from keras_dist import _context, _shard, _worker_batches
+from keras_dist._engine_kind import EngineKind
 from keras_dist._context import model_strategy
 from keras_dist.backends import get_adapter
 
@@ -35,9 +36,9 @@ def wrap_make_function(kind: str):
             if getattr(self, attribute) is not None and not force:
                 return getattr(self, attribute)
             function = get_adapter().make_trainer_function(self, strategy, kind)
-            if function is None:
+            if function is None:  # Keras' own step (one replica: tf runs it in replica context)
                 original(self, force)
-                function = getattr(self, attribute)
+                function = _in_keras_step(getattr(self, attribute))
             if strategy.extended.num_workers > 1:
                 function = _combining_worker_streams(function, kind)
             setattr(self, attribute, function)
@@ -46,6 +47,30 @@ def wrap_make_function(kind: str):
         return make_function
 
     return make
+
+
+#: How many of Keras' own step functions are running (process-wide: on
+#: TensorFlow, tf's MirroredStrategy runs even one replica's step in a
+#: thread of its own).
+_keras_steps = {"running": 0}
+_keras_steps_lock = threading.Lock()
+
+
+def _in_keras_step(function):
+    """Keras' own step `function`, counted while it runs (and traces): its
+    optimizer apply is the step's, in the engine's replica context, not a
+    cross-replica one."""
+
+    def call(*args, **kwargs):
+        with _keras_steps_lock:
+            _keras_steps["running"] += 1
+        try:
+            return function(*args, **kwargs)
+        finally:
+            with _keras_steps_lock:
+                _keras_steps["running"] -= 1
+
+    return call
 
 
 def _combining_worker_streams(function, kind: str):
@@ -78,13 +103,18 @@ def wrap_distribute_data(original):
 
 def _check_replica_context(optimizer) -> None:
     """Refuses a stateful `apply` in the cross-replica context of a
-    strategy of several replicas, as tf.keras 2 did, before anything changes.
-    Replica context: `strategy.run`, and `fit`'s replica steps. Stateless
-    applies (Keras' JAX steps, `stateless_apply`) are pure and pass."""
+    strategy, as tf.keras 2 did (one replica too: OneDeviceStrategy,
+    MirroredStrategy of one device), before anything changes. Replica
+    context: `strategy.run`, and `fit`'s replica steps. Stateless applies
+    (Keras' JAX steps, `stateless_apply`) are pure and pass; outside any
+    strategy's scope (the default strategy) an apply is plain Keras, and
+    under a ParameterServerStrategy it is a scheduled function's update."""
     strategy = _context.current_strategy()
     if (
         strategy is None
-        or strategy.num_replicas_in_sync <= 1
+        # a scheduled function's apply: the parameter servers' update
+        or strategy.extended.engine_kind is EngineKind.PARAMETER_SERVER
+        or _keras_steps["running"]
         or _context.replica_context() is not None
         or _shard.in_replica_step()
         or in_stateless_scope()

@@ -85,6 +85,7 @@ def one_device(data):
     return weights
 
 
+@pytest.mark.slow("every optimizer Keras ships (14), each trained under the strategy and on one device (up to 64 s in make test-zoo)")
 @pytest.mark.parametrize("build", ["lazy", "eager"])
 @pytest.mark.parametrize("strategy_name", list(STRATEGIES))
 def test_every_keras_optimizer_trains_as_one_device(strategy_name, build, data, one_device):

@@ -265,6 +265,7 @@ _ZOO_ON_JAX = pytest.mark.zoo("the tf-docs keras tutorial as written on JAX: 12 
 
 
 @pytest.mark.needs_tensorflow
+@pytest.mark.slow("the tutorial as written: 12 epochs of Adam over 1001 images, then its checkpoints and .keras loads (68 s on JAX in make test-zoo on a slow day)")
 @(_ZOO_ON_JAX if BACKEND == "jax" else lambda test: test)
 def test_tensorflow_keras_tutorial(tmp_path, capsys, monkeypatch):
     """tensorflow.org `tutorials/distribute/keras` as written (renamed;

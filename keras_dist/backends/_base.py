@@ -368,20 +368,21 @@ class BackendAdapter(Devices, MultiProcessJobs, Input, CustomLoops, TrainingStep
         Optional: the default accepts."""
 
 
-#: Optional capabilities that come together: an adapter gives every method
-#: of a group or none of them.
-CAPABILITY_GROUPS = {
-    "parameter_servers": ("create_coordinator", "schedule", "fetch", "join", "done", "create_per_worker_dataset"),
-}
-
-
 def concern_methods(concern: type) -> dict[str, inspect.Signature]:
-    """The methods one concern Protocol declares, with their signatures."""
+    """The methods one concern Protocol declares, with their signatures, in
+    the order it declares them."""
     return {
         name: inspect.signature(value)
-        for name, value in sorted(vars(concern).items())
+        for name, value in vars(concern).items()
         if not name.startswith("_") and inspect.isfunction(value)
     }
+
+
+#: Optional capabilities that come together: an adapter gives every method
+#: of a group or none of them (the group is its concern's methods).
+CAPABILITY_GROUPS = {
+    "parameter_servers": tuple(concern_methods(ParameterServers)),
+}
 
 
 def concern_of(name: str) -> type:

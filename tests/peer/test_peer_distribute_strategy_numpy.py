@@ -14,7 +14,8 @@ test_utils.py: `get_test_data`). Changes, all of them:
   combinations left out: README.md); `mode=["graph", "eager"]` -> eager
   only (Keras 3 has no graph mode); the class's methods are module
   functions (`self` dropped, `assertLen`/`assertAllEqual` -> `assert`,
-  `assertAllClose` -> `np.testing.assert_allclose` at tf's tolerances,
+  `assertAllClose` -> `np.testing.assert_allclose` at tf's tolerances
+  (leaf by leaf for a list of outputs: `_assert_all_close`),
   `assertRaisesRegex` -> `pytest.raises`, `assertNotAllEqual` -> `assert
   not np.array_equal`, `cached_session()` dropped).
 - `tpu_strategy` (the methods upstream runs on TPU only) is keras_dist's

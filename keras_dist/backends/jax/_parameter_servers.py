@@ -371,10 +371,6 @@ class Cluster:
             return None
         return best[0], name[len(best[1]) :]
 
-    # -- pickling a scheduled function (the tokens: _ps_pickling)
-    def pickle_call(self, fn, args, kwargs):
-        return _ps_pickling.pickle_call(self, fn, args, kwargs)
-
     def send_coordinator_writes(self) -> None:
         """Model variables assigned in the coordinator since they were sent
         or pulled (set_weights, a restored checkpoint) go to the ps."""
@@ -397,7 +393,7 @@ class Cluster:
         self.start()
         with self.lock:
             self.send_coordinator_writes()
-        payload, needs = self.pickle_call(fn, args, kwargs)
+        payload, needs = _ps_pickling.pickle_call(self, fn, args, kwargs)  # the tokens: _ps_pickling
         closure = Closure(payload, needs)
         closure.metrics_model = fn.model if isinstance(fn, TrainStep) else None
         self.scheduler.submit(closure)

@@ -23,8 +23,12 @@ class EngineKind(str, enum.Enum):
     """What a strategy needs from the backend's engine."""
 
     #: Replicas on this process's devices, each holding every variable
-    #: (OneDeviceStrategy, MirroredStrategy, the default strategy).
+    #: (MirroredStrategy, the default strategy).
     LOCAL = "local"
+    #: One replica on one device, its variables the backend's plain ones
+    #: (OneDeviceStrategy: on TensorFlow, `tf.GradientTape` reads them in
+    #: cross-replica context, as under tf's OneDeviceStrategy).
+    ONE_DEVICE = "one_device"
     #: Replicas on this process's devices, every variable once on
     #: `extended.parameter_devices[0]` (CentralStorageStrategy).
     CENTRAL_STORAGE = "central_storage"

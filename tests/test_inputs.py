@@ -361,10 +361,8 @@ def test_keras_tensorflow_counts_one_step_more_per_epoch_on_data_of_unknown_size
     steps it took (the optimizer's counter moves in the step that finds
     the data exhausted), so Adam's bias correction and learning-rate
     schedules run one step ahead from the second epoch. keras_dist's steps
-    read each batch before the step starts and count right; under one
-    replica Keras' own step runs, as on one device. This guard fails when
-    a Keras release fixes it (then OneDeviceStrategy and MirroredStrategy
-    count alike again)."""
+    read each batch before the step starts and count right, one replica
+    included. This guard fails when a Keras release fixes it."""
 
     def batches():
         x, y = make_data(32, seed=5)
@@ -372,13 +370,53 @@ def test_keras_tensorflow_counts_one_step_more_per_epoch_on_data_of_unknown_size
             yield x[start : start + 8], y[start : start + 8].reshape(-1, 1).astype("float32")
 
     counts = {}
-    for name, strategy in (("one device", None), ("mirrored-4", _STRATEGIES["mirrored-4"]())):
+    for name, strategy in (
+        ("one device", None),
+        ("OneDeviceStrategy", keras_dist.OneDeviceStrategy("cpu:0")),
+        ("mirrored-4", _STRATEGIES["mirrored-4"]()),
+    ):
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
             model = _sequential(True)
             model.compile(keras.optimizers.SGD(0.1), "mse")
         model.fit(batches(), epochs=1, verbose=0)
         counts[name] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
-    assert counts == {"one device": 5, "mirrored-4": 4}
+    assert counts == {"one device": 5, "OneDeviceStrategy": 4, "mirrored-4": 4}
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="Keras' TensorFlow trainer")
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+        lambda: keras_dist.MirroredStrategy(["cpu:1"]),
+        lambda: keras_dist.OneDeviceStrategy("cpu:0"),
+    ],
+    ids=["one-device-cpu1", "mirrored-cpu1", "one-device-cpu0"],
+)
+def test_one_replica_counts_the_steps_taken_on_data_of_unknown_size_every_run(make_strategy):
+    """One replica off the host's CPU (a GPU's place, here cpu:1) ran Keras'
+    own TensorFlow step, whose count over data of unknown size depended on
+    timing: 30 to 33 `iterations` for 30 batches over 3 epochs, from run to
+    run of the same program, and logs to match (found porting tf-keras's
+    TestDistributionStrategyWithDatasets). keras_dist's step counts the 30
+    batches, every run; the logs equal those of the same data of known size."""
+    import tensorflow as tf
+
+    rows = np.random.default_rng(3).normal(size=(100, 3)).astype("float32")
+    targets = rows @ np.ones((3, 1), "float32")
+    unknown = tf.data.Dataset.from_tensor_slices((rows, targets)).filter(lambda a, b: True).batch(10)
+    known = tf.data.Dataset.from_tensor_slices((rows, targets)).batch(10)
+    results = []
+    for data in (unknown, unknown, unknown, known):
+        with make_strategy().scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, kernel_initializer="zeros")])
+            model.compile(keras.optimizers.SGD(0.01), "mse", metrics=["mae"])
+        history = model.fit(data, epochs=3, verbose=0).history
+        results.append((int(keras.ops.convert_to_numpy(model.optimizer.iterations)), history))
+    assert [count for count, _ in results] == [30, 30, 30, 30]
+    for _, history in results[1:]:
+        for epoch in range(3):
+            assert_same_logs({k: v[epoch] for k, v in results[0][1].items()}, {k: v[epoch] for k, v in history.items()})
 
 
 def test_a_distributed_dataset_of_another_strategy_or_with_y_is_refused_before_training():

@@ -36,7 +36,7 @@ def wrap_make_function(kind: str):
             if getattr(self, attribute) is not None and not force:
                 return getattr(self, attribute)
             function = get_adapter().make_trainer_function(self, strategy, kind)
-            if function is None:  # Keras' own step (one replica: tf runs it in replica context)
+            if function is None:  # Keras' own step (JAX: eager or un-jitted; TF: a ps job's evaluate, predict)
                 original(self, force)
                 function = _in_keras_step(getattr(self, attribute))
             if strategy.extended.num_workers > 1:
@@ -49,9 +49,8 @@ def wrap_make_function(kind: str):
     return make
 
 
-#: How many of Keras' own step functions are running (process-wide: on
-#: TensorFlow, tf's MirroredStrategy runs even one replica's step in a
-#: thread of its own).
+#: How many of Keras' own step functions are running (process-wide: tf's
+#: strategies may run a step in a thread of their own).
 _keras_steps = {"running": 0}
 _keras_steps_lock = threading.Lock()
 

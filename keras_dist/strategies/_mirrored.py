@@ -1,5 +1,5 @@
 """`OneDeviceStrategy`, `MirroredStrategy`, `CentralStorageStrategy`: one
-process's devices (engine kinds LOCAL and CENTRAL_STORAGE)."""
+process's devices (engine kinds ONE_DEVICE, LOCAL and CENTRAL_STORAGE)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ class OneDeviceStrategy(Strategy):
                 f"'/gpu:0'; got {device!r}."
             )
         visible = get_adapter().visible_devices()
-        super().__init__(StrategyExtended(self, _devices.resolve_devices([device], visible)))
+        super().__init__(_OneDeviceExtended(self, _devices.resolve_devices([device], visible)))
+
+
+class _OneDeviceExtended(StrategyExtended):
+    engine_kind = EngineKind.ONE_DEVICE
 
 
 class MirroredStrategy(Strategy):

@@ -80,14 +80,19 @@ all_strategy_combinations = _combinations.strategies_minus_tpu + ["tpu_strategy"
 tpu_strategy_combinations_graph_only = ["tpu_strategy"]
 
 
-@pytest.fixture
-def distribution(request, monkeypatch):
-    if request.param == "tpu_strategy":
+def make_distribution(name, monkeypatch):
+    """The strategy of tf's combination `name` (`tpu_strategy`: TPUStrategy on the CPU devices)."""
+    if name == "tpu_strategy":
         from keras_dist._devices import TPU_ON_CPU_ENV
 
         monkeypatch.setenv(TPU_ON_CPU_ENV, "1")
         return keras_dist.TPUStrategy()
-    return _combinations.strategy(request.param)
+    return _combinations.strategy(name)
+
+
+@pytest.fixture
+def distribution(request, monkeypatch):
+    return make_distribution(request.param, monkeypatch)
 
 
 def _is_tpu_strategy(distribution):
@@ -314,17 +319,6 @@ def test_operator_overload_mixed_precision(distribution):
 
 @tensorflow_only
 @_parametrize(["one_device_strategy"])
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=(
-        "keras_dist gap (open, listed in README.md): its OneDeviceStrategy on TensorFlow runs on tf's "
-        "MirroredStrategy of one device (tf's OneDeviceStrategy input pipeline doubled fit's step time), "
-        "whose variables tf.GradientTape cannot read in cross-replica context ('DistributedVariable.handle is "
-        "not available outside the replica context'); tf's own OneDeviceStrategy makes plain variables. "
-        "The apply_gradients refusal this method is about is tested in tests/test_errors.py"
-    ),
-)
 def test_optimizer_in_cross_replica_context_raises_error(distribution):
     import tensorflow as tf
 

@@ -241,6 +241,7 @@ def _create_parameter_server_engine(extended) -> "ParameterServerEngine":
 #: EngineKind -> the function that builds its engine from the StrategyExtended.
 _ENGINES = {
     EngineKind.LOCAL: _data_parallel_engine,
+    EngineKind.ONE_DEVICE: _data_parallel_engine,  # a one-device mesh
     EngineKind.MULTI_WORKER: _data_parallel_engine,  # every worker's devices in one mesh
     EngineKind.CENTRAL_STORAGE: lambda extended: _data_parallel_engine(
         extended, parameter_device=extended.parameter_devices[0]

@@ -18,6 +18,7 @@ from keras_dist.backends.tensorflow._cluster import _multi_worker, _tpu_system, 
 from keras_dist.backends.tensorflow._strategies import (
     _GlobalBatchCentralStorageStrategy,
     _GlobalBatchMirroredStrategy,
+    _GlobalBatchOneDeviceStrategy,
     _GlobalBatchTPUStrategy,
     _local_task,
     _task_devices,
@@ -150,12 +151,17 @@ def _central_storage_engine(extended):
     )
 
 
+def _one_device_engine(extended):
+    """tf's OneDeviceStrategy (plain variables, which `tf.GradientTape`
+    reads in cross-replica context), its Keras input global as every
+    engine's: tf's own input pipeline for it doubled fit's step time."""
+    (device,) = extended.worker_devices
+    return _GlobalBatchOneDeviceStrategy(_tf_device(device))
+
+
 def _mirrored_engine(extended):
     devices = [_tf_device(d) for d in extended.worker_devices]
     cross_device_ops = _tf_cross_device_ops(extended.cross_device_ops)
-    # OneDeviceStrategy runs on a one-device MirroredStrategy: the same
-    # placement, but Keras' fit through tf.distribute.OneDeviceStrategy's
-    # input pipeline costs about 2x the step time of plain Keras.
     # Every MirroredStrategy numbers its collective groups from the same
     # start, so two strategies over different device sets in one process
     # collide ("joining a group with size 4, but that group has size 2").
@@ -174,6 +180,7 @@ def _mirrored_engine(extended):
 #: EngineKind -> the function that builds its engine from the StrategyExtended.
 _ENGINES = {
     EngineKind.LOCAL: _mirrored_engine,
+    EngineKind.ONE_DEVICE: _one_device_engine,
     EngineKind.CENTRAL_STORAGE: _central_storage_engine,
     EngineKind.MULTI_WORKER: _multi_worker_engine,
     EngineKind.TPU: _tpu_engine,

@@ -9,6 +9,8 @@ variables all-reduced across replicas, so they are the global batch's.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -65,6 +67,16 @@ def replica_step(step_fn, metric_variables, metric_results):
     return step
 
 
+def _all_reduce(op, values):
+    """The replicas' `op` of `values`, in replica context: `values` itself
+    for one replica (tf's one-device MirroredStrategy finds no destination
+    for a tensor made in a traced step: "destinations can not be empty")."""
+    context = tf.distribute.get_replica_context()
+    if context.num_replicas_in_sync == 1:
+        return values
+    return context.all_reduce(op, values)
+
+
 def _global_logs(logs, variables, metric_results):
     context = tf.distribute.get_replica_context()
 
@@ -72,13 +84,13 @@ def _global_logs(logs, variables, metric_results):
         return _metric_state.combine_by_aggregation(
             variables,
             [tf.convert_to_tensor(v.value) for v in variables],
-            lambda parts: context.all_reduce(tf.distribute.ReduceOp.SUM, parts),
+            lambda parts: _all_reduce(tf.distribute.ReduceOp.SUM, parts),
             tf.equal(tf.cast(context.replica_id_in_sync_group, tf.int32), 0),
             context.num_replicas_in_sync,
         )
 
     return _metric_state.global_logs(
-        logs, variables, combined, metric_results, lambda v: context.all_reduce(tf.distribute.ReduceOp.MEAN, v)
+        logs, variables, combined, metric_results, lambda v: _all_reduce(tf.distribute.ReduceOp.MEAN, v)
     )
 
 
@@ -139,8 +151,12 @@ class StepFunction:
     'while/cond/...'").
     """
 
-    def __init__(self, engine, step_fn, metric_variables, metric_results, steps_per_execution, run_eagerly):
-        replica = replica_step(step_fn, metric_variables, metric_results)
+    def __init__(
+        self, engine, step_fn, metric_variables, metric_results, steps_per_execution, run_eagerly, jit_compile=False
+    ):
+        replica = _xla_if(jit_compile and not run_eagerly, replica_step(step_fn, metric_variables, metric_results))
+        #: Each replica's step (a `tf.function(jit_compile=True)` where the model asks for XLA).
+        self.replica = replica
 
         def one_step(data):
             outputs = engine.run(replica, args=(data,))
@@ -167,9 +183,19 @@ class StepFunction:
         return logs
 
 
-def make_predict_function(engine, predict_step, run_eagerly: bool):
+def _xla_if(jit_compile: bool, replica_fn):
+    """`replica_fn` compiled by XLA where the model asks for it
+    (`compile(jit_compile=True)`), as Keras compiles its own step: each
+    replica's function, run by the engine."""
+    if not jit_compile:
+        return replica_fn
+    return tf.function(replica_fn, jit_compile=True, reduce_retracing=True)
+
+
+def make_predict_function(engine, predict_step, run_eagerly: bool, jit_compile: bool = False):
     """Predict over a list of global batches; rows come back in input order."""
 
+    @functools.partial(_xla_if, jit_compile and not run_eagerly)
     def replica_predict(data):
         shard, local = slice_for_replica(data)
         with _shard.shard_scope(shard):
@@ -207,10 +233,8 @@ def _concat(tensors):
 
 def global_moments(inputs, axes, mask):
     """BatchNormalization moments over the global batch (see `keras_dist._moments`)."""
-    context = tf.distribute.get_replica_context()
-
     def all_reduce_sum(values):
-        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
+        return list(_all_reduce(tf.distribute.ReduceOp.SUM, list(values)))
 
     return _moments.global_moments(inputs, axes, mask, all_reduce_sum)
 
@@ -224,17 +248,36 @@ def sum_gradients_over_replicas(values):
     @tf.custom_gradient
     def identity(*tensors):
         def backward(*gradients):
-            context = tf.distribute.get_replica_context()
-            return context.all_reduce(tf.distribute.ReduceOp.SUM, list(gradients))
+            return _all_reduce(tf.distribute.ReduceOp.SUM, list(gradients))
 
         return list(tensors), backward
 
     return list(identity(*values))
 
 
+def _check_xla(model, strategy):
+    """`compile(jit_compile=True)` is honoured under OneDeviceStrategy (its
+    step compiled by XLA, as Keras compiles its own). tf's XLA cannot run
+    a step over tf's MirroredStrategy's variables on CPU devices (plain
+    tf.distribute with Keras fails mid-step), and the optimizer's
+    merge_call cannot sit in a nested XLA function: one clear error before
+    anything runs, not the flag dropped."""
+    if model.jit_compile is not True or model.run_eagerly or strategy.extended.engine_kind is EngineKind.ONE_DEVICE:
+        return
+    raise ValueError(
+        f"compile(jit_compile=True) under {type(strategy).__name__} on TensorFlow: keras_dist compiles a "
+        "step with XLA under OneDeviceStrategy only (tf's XLA cannot read the variables of a tf.distribute "
+        "strategy over several devices or another CPU device: plain tf.distribute with Keras fails mid-step, "
+        "'Trying to access resource ... located in device CPU:1 from device CPU:0'). Compile with "
+        "jit_compile=False (Keras' default under a tf.distribute strategy), or use OneDeviceStrategy."
+    )
+
+
 def make_trainer_function(model, strategy, kind: str):
-    """Keras' ``{kind}_function`` for `model` under `strategy`, or None
-    where Keras' own serves (one replica: nothing to split or reduce).
+    """Keras' ``{kind}_function`` for `model` under `strategy` (one replica
+    too: Keras' own step over data of unknown size counts one step more
+    per epoch, and on a device other than the host's a number that depends
+    on timing; keras_dist's reads each batch before its step starts).
 
     Under a ParameterServerStrategy, "train" is the step the coordinator
     schedules, ``step(per_worker_iterator) -> logs``; evaluate and predict
@@ -245,11 +288,10 @@ def make_trainer_function(model, strategy, kind: str):
         from keras_dist.backends.tensorflow import _parameter_servers
 
         return _parameter_servers.make_step_function(model, strategy.extended.engine)
-    if strategy.num_replicas_in_sync == 1:
-        return None
+    _check_xla(model, strategy)
     engine = strategy.extended.engine
     if kind == "predict":
-        return make_predict_function(engine, model.predict_step, model.run_eagerly)
+        return make_predict_function(engine, model.predict_step, model.run_eagerly, model.jit_compile is True)
     return StepFunction(
         engine,
         getattr(model, f"{kind}_step"),
@@ -257,4 +299,5 @@ def make_trainer_function(model, strategy, kind: str):
         model.get_metrics_result,
         model.steps_per_execution,
         model.run_eagerly,
+        model.jit_compile is True,
     )

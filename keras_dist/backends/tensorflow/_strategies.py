@@ -59,6 +59,15 @@ class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):
         return dataset
 
 
+class _GlobalBatchOneDeviceStrategy(tf.distribute.OneDeviceStrategy):
+    """tf.distribute.OneDeviceStrategy whose Keras input stays global (as
+    `_GlobalBatchMirroredStrategy`): its variables are plain ones on the
+    device, so `tf.GradientTape` reads them outside `run`, as in tf."""
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return dataset
+
+
 class _CentralStorageExtended(parameter_server_strategy.ParameterServerStrategyExtended):
     """tf's CentralStorage extended, with what Keras 3 needs of it.
 
@@ -251,6 +260,7 @@ class _GlobalBatchTPUStrategy(tf.distribute.TPUStrategy):
 for _engine_class, _public_name in (
     (_GlobalBatchTPUStrategy, "TPUStrategy"),
     (_GlobalBatchMirroredStrategy, "MirroredStrategy"),
+    (_GlobalBatchOneDeviceStrategy, "OneDeviceStrategy"),
     (_GlobalBatchCentralStorageStrategy, "CentralStorageStrategy"),
     (_GlobalBatchMultiWorkerStrategy, "MultiWorkerMirroredStrategy"),
 ):

@@ -263,7 +263,8 @@ test-stress: install
 # used one core; as five, three at a time, 608 s again: TensorFlow's
 # optimizer zoo, ports and ctl port took 608 s for 4.4 CPU-min).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
-	tests/peer/test_peer_distribute_strategy_keras_models.py tests/peer/test_peer_distribute_strategy_numpy.py
+	tests/peer/test_peer_distribute_strategy_keras_models.py tests/peer/test_peer_distribute_strategy_numpy.py \
+	tests/peer/test_peer_distribute_strategy_datasets.py
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
 ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
 	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials

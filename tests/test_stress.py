@@ -28,7 +28,7 @@ from conftest import BACKEND
 pytestmark = [pytest.mark.stress, pytest.mark.starts_processes]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = int(os.environ.get("KERAS_DIST_STRESS_RUNS", "10"))
+RUNS = int(os.environ.get("KERAS_DIST_STRESS_RUNS", "8"))
 CONCURRENT = 2
 _HASH = re.compile(r"weights sha256(?: \(mirrored\))?: ([0-9a-f]{16})")
 
@@ -85,14 +85,14 @@ def _hashes(command, runs, timeout=600):
     return found
 
 
-@pytest.mark.slow("RUNS (10) fresh runs of examples/digits_cnn.py, two at a time, each hashed (make test-stress only)")
+@pytest.mark.slow("RUNS (8) fresh runs of examples/digits_cnn.py, two at a time, each hashed (make test-stress only)")
 def test_single_process_mirrored_is_bitwise_reproducible_under_load():
     hashes = _hashes([sys.executable, "examples/digits_cnn.py", "--epochs", "1"], RUNS)
     assert all(len(h) == 1 for h in hashes), hashes
     assert len({h[0] for h in hashes}) == 1, hashes
 
 
-@pytest.mark.slow("RUNS (10) launches of the 2-worker example, two at a time, each hashed (make test-stress only)")
+@pytest.mark.slow("RUNS (8) launches of the 2-worker example, two at a time, each hashed (make test-stress only)")
 def test_multi_worker_example_is_bitwise_reproducible_under_load():
     command = [
         sys.executable, "-m", "keras_dist.launch", "launch", "-n", "2", "--timeout", "400",

@@ -48,6 +48,7 @@ from test_peer_distribute_strategy_numpy import (
     get_sample_weights_model,
     multi_input_output_model,
     make_distribution,
+    metric_made_outside_the_scope,
     simple_multi_inputs_multi_outputs_model,
     tpu_strategy_combinations_graph_only,
 )
@@ -527,16 +528,7 @@ def testOptimizerWithCallbacks(distribution):
 
 @_parametrize(tpu_strategy_combinations_graph_only)
 @pytest.mark.parametrize("batch_size", [4, 6])
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=(
-        "tf-keras 2 difference: its metric CategoricalAccuracy() is made outside the scope and given to compile, "
-        "which tf-keras 2's eager compile refuses ('All metrics must be created in the same distribution strategy "
-        "scope as the model'), as keras_dist does; upstream runs this method in graph mode only (tf-keras's v1 "
-        "training path, which has no such check)"
-    ),
-)
+@metric_made_outside_the_scope
 def test_evaluate_with_dataset_with_partial_batch(distribution, batch_size):
     optimizer = keras.optimizers.SGD(0.001)
     loss = "mse"

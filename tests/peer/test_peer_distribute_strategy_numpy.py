@@ -107,6 +107,19 @@ def _assert_all_close(actual, expected, atol, rtol):
         np.testing.assert_allclose(a, b, atol=atol, rtol=rtol)
 
 
+#: The partial-batch evaluate methods give compile a metric made outside the scope.
+metric_made_outside_the_scope = pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason=(
+        "tf-keras 2 difference: its metric CategoricalAccuracy() is made outside the scope and given to compile, "
+        "which tf-keras 2's eager compile refuses ('All metrics must be created in the same distribution strategy "
+        "scope as the model'), as keras_dist does; upstream runs this method in graph mode only (tf-keras's v1 "
+        "training path, which has no such check)"
+    ),
+)
+
+
 def _parametrize(names):
     return pytest.mark.parametrize("distribution", names, indirect=True)
 
@@ -428,16 +441,7 @@ def test_flatten_predict_outputs(distribution):
 
 @_parametrize(tpu_strategy_combinations_graph_only)
 @pytest.mark.parametrize("batch_size", [4, 6])
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=(
-        "tf-keras 2 difference: its metric CategoricalAccuracy() is made outside the scope and given to compile, "
-        "which tf-keras 2's eager compile refuses ('All metrics must be created in the same distribution strategy "
-        "scope as the model'), as keras_dist does; upstream runs this method in graph mode only (tf-keras's v1 "
-        "training path, which has no such check)"
-    ),
-)
+@metric_made_outside_the_scope
 def test_evaluate_with_partial_batch(distribution, batch_size):
     optimizer = keras.optimizers.SGD(0.001)
     loss = "mse"

@@ -262,14 +262,18 @@ def _check_xla(model, strategy):
     tf.distribute with Keras fails mid-step), and the optimizer's
     merge_call cannot sit in a nested XLA function: one clear error before
     anything runs, not the flag dropped."""
-    if model.jit_compile is not True or model.run_eagerly or strategy.extended.engine_kind is EngineKind.ONE_DEVICE:
+    kind = strategy.extended.engine_kind
+    if model.jit_compile is not True or model.run_eagerly or kind is EngineKind.ONE_DEVICE:
         return
+    if kind is EngineKind.TPU and any(d.startswith("tpu:") for d in strategy.extended.worker_devices):
+        return  # tf's TPUStrategy compiles every step with XLA
     raise ValueError(
         f"compile(jit_compile=True) under {type(strategy).__name__} on TensorFlow: keras_dist compiles a "
-        "step with XLA under OneDeviceStrategy only (tf's XLA cannot read the variables of a tf.distribute "
-        "strategy over several devices or another CPU device: plain tf.distribute with Keras fails mid-step, "
-        "'Trying to access resource ... located in device CPU:1 from device CPU:0'). Compile with "
-        "jit_compile=False (Keras' default under a tf.distribute strategy), or use OneDeviceStrategy."
+        "step with XLA under OneDeviceStrategy only (over tf's MirroredStrategy on CPU devices XLA cannot read "
+        "the variables: plain tf.distribute with Keras fails mid-step, 'Trying to access resource ... located "
+        "in device CPU:1 from device CPU:0'; and the optimizer's merge_call cannot run inside an XLA function). "
+        "Compile with jit_compile=False (Keras' default under a tf.distribute strategy), or use "
+        "OneDeviceStrategy."
     )
 
 

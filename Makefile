@@ -114,11 +114,12 @@ DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
 #: processes). test-stress and test-faults use none.
 JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1) \
 	KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-processes
-#: The JAX suites of `make test` and `make test-quick` (and the processes
-#: their tests start) have XLA's CPU backend hand its code to LLVM at -O0:
+#: The JAX suites of `make test`, `make test-quick` and `make test-zoo` (and
+#: the processes their tests start) have XLA's CPU backend hand its code to LLVM at -O0:
 #: most of a test's JAX time is compiling tiny models, and -O0 compiles
 #: them faster (measured: test_equivalence 136 -> 91 CPU-s; test_multi_worker
-#: + test_docs + test_hooks 252 -> 207). XLA's own passes (sharding,
+#: + test_docs + test_hooks 252 -> 207; with the cache above, the zoo's
+#: optimizer zoo and save/load and datasets ports 205 -> 99). XLA's own passes (sharding,
 #: collectives, fusion) are unchanged, so keras_dist's programs are the same;
 #: only the machine code is less optimised, and its round-off may differ in
 #: the last bits, the same for the distributed and the one-device run a test
@@ -251,8 +252,13 @@ test-stress: install
 # lazily and eagerly (tests/test_optimizer_zoo.py, about 1 CPU-min each),
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
 # keras_save_load_test (91 cases per backend, 1.2 CPU-min) and four classes
-# of distribute_strategy_test (93 + 61 cases per backend, 1.7 CPU-min) ported.
-# CI runs it after `make test` (measured: the application about 4 CPU-min,
+# of distribute_strategy_test (93 + 61 cases per backend, 1.7 CPU-min) and
+# keras_embedding_model_correctness_test (60 cases per backend: 1 CPU-min on
+# JAX, 2.5 on TensorFlow) ported, and two keras-hub backbones
+# (tests/test_zoo_hub.py, from .venv-zoo below; 1 CPU-min per backend).
+# Its JAX runs compile as `make test`'s do (-O0, a cache per run: see
+# JAX_TEST_COMPILE); its TensorFlow runs use TensorFlow's defaults.
+# CI runs it after `make test`, beside `make test-keras-min` (measured: the application about 4 CPU-min,
 # mostly TensorFlow's tracing of every replica; the tutorials 3.8 CPU-min),
 # as six pytest runs, four at a time (tests/run_parts.py), TensorFlow's
 # first: a TensorFlow run gets less of the two cores than a JAX one beside
@@ -264,31 +270,40 @@ test-stress: install
 # optimizer zoo, ports and ctl port took 608 s for 4.4 CPU-min).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
 	tests/peer/test_peer_distribute_strategy_keras_models.py tests/peer/test_peer_distribute_strategy_numpy.py \
-	tests/peer/test_peer_distribute_strategy_datasets.py
-ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
+	tests/peer/test_peer_distribute_strategy_datasets.py tests/peer/test_peer_keras_embedding_correctness.py tests/test_zoo_hub.py
+#: keras-hub (requirements/zoo.txt says why it is an overlay), for the
+#: zoo's runs only.
+ZOO_DIR := .venv-zoo
+ZOO_STAMP := $(ZOO_DIR)/.installed
+$(ZOO_STAMP): $(STAMP) requirements/zoo.txt
+	rm -rf $(ZOO_DIR)
+	$(PY) -m pip install -q --no-deps --target $(ZOO_DIR) -r requirements/zoo.txt
+	touch $@
+ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) PYTHONPATH=$(CURDIR)/$(ZOO_DIR) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
 ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
 	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials
 
-test-zoo: install
-	@rm -f $(TEST_LOGS)/test-zoo-*.log $(TEST_LOGS)/durations/zoo-*.json; mkdir -p $(TEST_LOGS)/durations
+test-zoo: install $(ZOO_STAMP)
+	@rm -rf $(TEST_LOGS)/test-zoo-*.log $(TEST_LOGS)/durations/zoo-*.json $(TEST_LOGS)/jax-cache-zoo-*; mkdir -p $(TEST_LOGS)/durations
 	@$(PYTHON) tests/run_parts.py --jobs 4 --logs $(TEST_LOGS) $(ZOO_PARTS)
 
-test-zoo-jax: install
-	$(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES))
+test-zoo-jax: install $(ZOO_STAMP)
+	$(call JAX_TEST_CACHE,zoo-jax) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES))
 
-test-zoo-jax-tutorials: install
-	$(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)
+test-zoo-jax-tutorials: install $(ZOO_STAMP)
+	$(call JAX_TEST_CACHE,zoo-jax-tutorials) KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-zoo-processes \
+	  $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)
 
-test-zoo-tensorflow: install
+test-zoo-tensorflow: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES))
 
-test-zoo-tensorflow-ctl: install
+test-zoo-tensorflow-ctl: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow-ctl,tensorflow,tests/peer/test_peer_ctl_correctness.py)
 
-test-zoo-tensorflow-application: install
+test-zoo-tensorflow-application: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow-application,tensorflow,tests/test_zoo.py)
 
-test-zoo-tensorflow-tutorials: install
+test-zoo-tensorflow-tutorials: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow-tutorials,tensorflow,tests/test_tutorials.py)
 
 # The benchmark scripts' quick runs (marker `bench`, tests/test_benchmarks.py:
@@ -339,4 +354,4 @@ bench: install
 	$(PY) benchmarks/parameter_server.py
 
 clean:
-	rm -rf $(VENV) $(VENV_JAX) $(VENV_TF) $(KERAS_MIN_DIR) $(TEST_LOGS) build *.egg-info
+	rm -rf $(VENV) $(VENV_JAX) $(VENV_TF) $(KERAS_MIN_DIR) $(ZOO_DIR) $(TEST_LOGS) build *.egg-info

@@ -45,8 +45,9 @@ def _tf_device(canonical: str) -> str:
     return f"{tf_context.context().host_address_space()}/device:{kind.upper()}:{index}"
 
 
-class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):
-    """tf.distribute.MirroredStrategy whose Keras input stays global.
+class _GlobalBatchInput:
+    """Mixed into each tf strategy keras_dist runs on, so Keras' input stays
+    global.
 
     Keras hands each dataset to `experimental_distribute_dataset`; here that
     returns the dataset unchanged, so every step receives the whole global
@@ -59,13 +60,14 @@ class _GlobalBatchMirroredStrategy(tf.distribute.MirroredStrategy):
         return dataset
 
 
-class _GlobalBatchOneDeviceStrategy(tf.distribute.OneDeviceStrategy):
-    """tf.distribute.OneDeviceStrategy whose Keras input stays global (as
-    `_GlobalBatchMirroredStrategy`): its variables are plain ones on the
-    device, so `tf.GradientTape` reads them outside `run`, as in tf."""
+class _GlobalBatchMirroredStrategy(_GlobalBatchInput, tf.distribute.MirroredStrategy):
+    """tf.distribute.MirroredStrategy whose Keras input stays global."""
 
-    def experimental_distribute_dataset(self, dataset, options=None):
-        return dataset
+
+class _GlobalBatchOneDeviceStrategy(_GlobalBatchInput, tf.distribute.OneDeviceStrategy):
+    """tf.distribute.OneDeviceStrategy whose Keras input stays global: its
+    variables are plain ones on the device, so `tf.GradientTape` reads them
+    outside `run`, as in tf."""
 
 
 class _CentralStorageExtended(parameter_server_strategy.ParameterServerStrategyExtended):
@@ -178,10 +180,10 @@ def _same_on_every_replica(strategy, value, name):
         return tf.identity(first)
 
 
-class _GlobalBatchCentralStorageStrategy(tf.distribute.experimental.CentralStorageStrategy):
-    """tf.distribute's CentralStorageStrategy whose Keras input stays global
-    (as `_GlobalBatchMirroredStrategy`): variables live once, on the
-    parameter device; each replica takes its rows of the global batch."""
+class _GlobalBatchCentralStorageStrategy(_GlobalBatchInput, tf.distribute.experimental.CentralStorageStrategy):
+    """tf.distribute's CentralStorageStrategy whose Keras input stays global:
+    variables live once, on the parameter device; each replica takes its rows
+    of the global batch."""
 
     def __init__(self, compute_devices, parameter_device):
         # tf's constructor hard-codes its extended class; build ours instead.
@@ -191,9 +193,6 @@ class _GlobalBatchCentralStorageStrategy(tf.distribute.experimental.CentralStora
                 self, compute_devices=compute_devices, parameter_device=parameter_device
             ),
         )
-
-    def experimental_distribute_dataset(self, dataset, options=None):
-        return dataset
 
 
 class _LocalCpusCollectiveExtended(
@@ -223,12 +222,11 @@ class _LocalCpusCollectiveExtended(
         return False
 
 
-class _GlobalBatchMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+class _GlobalBatchMultiWorkerStrategy(_GlobalBatchInput, tf.distribute.MultiWorkerMirroredStrategy):
     """tf.distribute.MultiWorkerMirroredStrategy whose Keras input stays global.
 
     Every worker receives the same global batch and each replica (numbered
-    across workers) takes its own contiguous rows, as in
-    `_GlobalBatchMirroredStrategy`.
+    across workers) takes its own contiguous rows.
     """
 
     def __init__(self, cluster_resolver, communication_options):
@@ -242,16 +240,10 @@ class _GlobalBatchMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy)
             ),
         )
 
-    def experimental_distribute_dataset(self, dataset, options=None):
-        return dataset
 
-
-class _GlobalBatchTPUStrategy(tf.distribute.TPUStrategy):
-    """tf.distribute.TPUStrategy whose Keras input stays global, as
-    `_GlobalBatchMirroredStrategy` (used only on a real TPU: untested)."""
-
-    def experimental_distribute_dataset(self, dataset, options=None):
-        return dataset
+class _GlobalBatchTPUStrategy(_GlobalBatchInput, tf.distribute.TPUStrategy):
+    """tf.distribute.TPUStrategy whose Keras input stays global (used only
+    on a real TPU: untested)."""
 
 
 # tf names the strategy class in its messages ("Using %s eagerly has

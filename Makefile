@@ -253,8 +253,9 @@ test-stress: install
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
 # keras_save_load_test (91 cases per backend, 1.2 CPU-min) and four classes
 # of distribute_strategy_test (93 + 61 cases per backend, 1.7 CPU-min) and
-# keras_embedding_model_correctness_test (60 cases per backend: 1 CPU-min on
-# JAX, 2.5 on TensorFlow) ported, and two keras-hub backbones
+# keras_embedding_model_correctness_test and keras_image_model_correctness_test
+# (a rotation of their matrix, 45 cases per backend: 1.3 CPU-min on JAX, 2.3
+# on TensorFlow; tests/peer/README.md) ported, and two keras-hub backbones
 # (tests/test_zoo_hub.py, from .venv-zoo below; 1 CPU-min per backend).
 # Its JAX runs compile as `make test`'s do (-O0, a cache per run: see
 # JAX_TEST_COMPILE); its TensorFlow runs use TensorFlow's defaults.
@@ -270,7 +271,8 @@ test-stress: install
 # optimizer zoo, ports and ctl port took 608 s for 4.4 CPU-min).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
 	tests/peer/test_peer_distribute_strategy_keras_models.py tests/peer/test_peer_distribute_strategy_numpy.py \
-	tests/peer/test_peer_distribute_strategy_datasets.py tests/peer/test_peer_keras_embedding_correctness.py tests/test_zoo_hub.py
+	tests/peer/test_peer_distribute_strategy_datasets.py tests/peer/test_peer_keras_embedding_correctness.py \
+	tests/peer/test_peer_keras_image_correctness.py tests/test_zoo_hub.py
 #: keras-hub (requirements/zoo.txt says why it is an overlay), for the
 #: zoo's runs only.
 ZOO_DIR := .venv-zoo

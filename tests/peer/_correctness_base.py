@@ -18,6 +18,8 @@ Source: keras-team/tf-keras at dd0a7237b. Changes, all of them:
   `data_utils.pad_sequences` -> `keras.utils.pad_sequences`;
   `tf.test.is_gpu_available()` -> False (simulated CPU devices);
   `tf.nest` -> `keras.tree`.
+- Each method runs a rotation of its combinations unless
+  KERAS_DIST_PEER_FULL_MATRIX=1 (`select`).
 - Not ported: the TPU-only branches (`steps_per_run`,
   `should_skip_tpu_with_eager`), `run_dynamic_lr_test` and
   `LearningRateBatchScheduler` (used by the DNN file's class left out:
@@ -25,6 +27,7 @@ Source: keras-team/tf-keras at dd0a7237b. Changes, all of them:
 """
 
 import functools
+import os
 
 import keras
 import numpy as np
@@ -67,6 +70,29 @@ def strategies_for_embedding_models():
 
 def test_combinations_for_embedding_model():
     return _times(strategies_for_embedding_models(), eager_mode_test_configuration())
+
+
+#: Set to 1 to run every combination (`KERAS_DIST_PEER_FULL_MATRIX=1`); by
+#: default each method runs a rotation of it (`select`).
+FULL_MATRIX = os.environ.get("KERAS_DIST_PEER_FULL_MATRIX") == "1"
+
+
+def select(combinations, rotation):
+    """The combinations a method runs: all with KERAS_DIST_PEER_FULL_MATRIX=1;
+    else each strategy once, with one of the four input configurations,
+    the pairing shifted by `rotation` (each method of a file its own), so a
+    file's methods together pair every multi-replica strategy with every
+    configuration. (Not upstream's: its full matrix, 24 cases a method,
+    costs TensorFlow 2.5-6 CPU-min a file; every case passed in full when
+    ported, tests/peer/README.md.)"""
+    if FULL_MATRIX:
+        return list(combinations)
+    configurations = eager_mode_test_configuration()
+    strategies = list(dict.fromkeys(distribution for distribution, *_ in combinations))
+    chosen = {
+        (name, *configurations[(index + rotation) % len(configurations)]) for index, name in enumerate(strategies)
+    }
+    return [combination for combination in combinations if tuple(combination) in chosen]
 
 
 #: `pytest.mark.parametrize` for `(distribution, use_numpy, use_validation_data)`.

@@ -18,6 +18,8 @@ lists its changes). Changes here, all of them:
   `TestDistributionStrategyEmbeddingModelCorrectnessTest`, the same for the
   siamese one); `distribution` is the strategy's tf name, made into the
   keras_dist strategy at the start of each method.
+- Each method runs a rotation of its combinations (5 of 20: each strategy
+  once), all 20 with KERAS_DIST_PEER_FULL_MATRIX=1 (`_correctness_base.select`).
 - `np.int32` as an `Input` dtype -> `"int32"`;
   `gradient_descent_keras.SGD(learning_rate=0.1)` (legacy) ->
   `keras.optimizers.SGD(learning_rate=0.1)`.
@@ -37,6 +39,7 @@ import _correctness_base as keras_correctness_test_base
 pytestmark = pytest.mark.zoo  # make test-zoo
 
 _COMBINATIONS = keras_correctness_test_base.test_combinations_for_embedding_model()
+_select = keras_correctness_test_base.select
 
 
 class TestDistributionStrategyEmbeddingModelCorrectnessTest(
@@ -69,13 +72,13 @@ class TestDistributionStrategyEmbeddingModelCorrectnessTest(
             )
         return model
 
-    @keras_correctness_test_base.parametrize(_COMBINATIONS)
+    @keras_correctness_test_base.parametrize(_select(_COMBINATIONS, 0))
     def test_embedding_model_correctness(self, distribution, use_numpy, use_validation_data):
         distribution = _combinations.strategy(distribution)
         self.use_distributed_dense = False
         self.run_correctness_test(distribution, use_numpy, use_validation_data)
 
-    @keras_correctness_test_base.parametrize(_COMBINATIONS)
+    @keras_correctness_test_base.parametrize(_select(_COMBINATIONS, 1))
     def test_embedding_time_distributed_model_correctness(self, distribution, use_numpy, use_validation_data):
         distribution = _combinations.strategy(distribution)
         self.use_distributed_dense = True
@@ -152,7 +155,7 @@ class TestDistributionStrategySiameseEmbeddingModelCorrectnessTest(
 
         return x_train, y_train, x_predict
 
-    @keras_correctness_test_base.parametrize(_COMBINATIONS)
+    @keras_correctness_test_base.parametrize(_select(_COMBINATIONS, 2))
     def test_siamese_embedding_model_correctness(self, distribution, use_numpy, use_validation_data):
         distribution = _combinations.strategy(distribution)
         self.run_correctness_test(distribution, use_numpy, use_validation_data)

@@ -19,7 +19,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
 	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
-	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl
+	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -253,15 +253,15 @@ test-stress: install
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
 # keras_save_load_test (91 cases per backend, 1.2 CPU-min) and four classes
 # of distribute_strategy_test (93 + 61 cases per backend, 1.7 CPU-min) and
-# keras_embedding_model_correctness_test and keras_image_model_correctness_test
-# (a rotation of their matrix, 45 cases per backend: 1.3 CPU-min on JAX, 2.3
-# on TensorFlow; tests/peer/README.md) ported, and two keras-hub backbones
+# keras_embedding_, keras_image_ and keras_rnn_model_correctness_test (a
+# rotation of their matrix, 60 cases per backend; tests/peer/README.md)
+# ported, and two keras-hub backbones
 # (tests/test_zoo_hub.py, from .venv-zoo below; 1 CPU-min per backend).
 # Its JAX runs compile as `make test`'s do (-O0, a cache per run: see
 # JAX_TEST_COMPILE); its TensorFlow runs use TensorFlow's defaults.
 # CI runs it after `make test`, beside `make test-keras-min` (measured: the application about 4 CPU-min,
 # mostly TensorFlow's tracing of every replica; the tutorials 3.8 CPU-min),
-# as six pytest runs, four at a time (tests/run_parts.py), TensorFlow's
+# as seven pytest runs, four at a time (tests/run_parts.py), TensorFlow's
 # first: a TensorFlow run gets less of the two cores than a JAX one beside
 # it (its tracer is one thread; XLA compiles on several). Per backend the
 # tutorials (multi-worker jobs) run apart from the rest, and TensorFlow's
@@ -271,8 +271,11 @@ test-stress: install
 # optimizer zoo, ports and ctl port took 608 s for 4.4 CPU-min).
 ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py \
 	tests/peer/test_peer_distribute_strategy_keras_models.py tests/peer/test_peer_distribute_strategy_numpy.py \
-	tests/peer/test_peer_distribute_strategy_datasets.py tests/peer/test_peer_keras_embedding_correctness.py \
-	tests/peer/test_peer_keras_image_correctness.py tests/test_zoo_hub.py
+	tests/peer/test_peer_distribute_strategy_datasets.py
+#: TensorFlow runs these apart (test-zoo-tensorflow-correctness): in one run
+#: with ZOO_FILES it was the last part to end, by 2 min, alone on a core.
+ZOO_CORRECTNESS_FILES := tests/peer/test_peer_keras_embedding_correctness.py \
+	tests/peer/test_peer_keras_image_correctness.py tests/peer/test_peer_keras_rnn_correctness.py tests/test_zoo_hub.py
 #: keras-hub (requirements/zoo.txt says why it is an overlay), for the
 #: zoo's runs only.
 ZOO_DIR := .venv-zoo
@@ -283,6 +286,7 @@ $(ZOO_STAMP): $(STAMP) requirements/zoo.txt
 	touch $@
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) PYTHONPATH=$(CURDIR)/$(ZOO_DIR) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo $(3)
 ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
+	test-zoo-tensorflow-correctness \
 	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials
 
 test-zoo: install $(ZOO_STAMP)
@@ -290,7 +294,7 @@ test-zoo: install $(ZOO_STAMP)
 	@$(PYTHON) tests/run_parts.py --jobs 4 --logs $(TEST_LOGS) $(ZOO_PARTS)
 
 test-zoo-jax: install $(ZOO_STAMP)
-	$(call JAX_TEST_CACHE,zoo-jax) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES))
+	$(call JAX_TEST_CACHE,zoo-jax) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES) $(ZOO_CORRECTNESS_FILES))
 
 test-zoo-jax-tutorials: install $(ZOO_STAMP)
 	$(call JAX_TEST_CACHE,zoo-jax-tutorials) KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-zoo-processes \
@@ -298,6 +302,9 @@ test-zoo-jax-tutorials: install $(ZOO_STAMP)
 
 test-zoo-tensorflow: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES))
+
+test-zoo-tensorflow-correctness: install $(ZOO_STAMP)
+	$(call ZOO_TESTS,tensorflow-correctness,tensorflow,$(ZOO_CORRECTNESS_FILES))
 
 test-zoo-tensorflow-ctl: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow-ctl,tensorflow,tests/peer/test_peer_ctl_correctness.py)

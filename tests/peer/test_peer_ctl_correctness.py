@@ -34,7 +34,10 @@ here: on CPU devices tf.distribute runs a `tf.function` given to `run`
 inside one clone of it, which XLA compiles for the default device, and the
 variables on another fail ("Trying to access resource ... located in
 device CPU:1 from device CPU:0"); plain tf.distribute fails the same way
-(`test_plain_tf_distribute_fails_the_same_with_xla_on_cpus`).
+(`test_plain_tf_distribute_fails_the_same_with_xla_on_cpus`). Where the
+iterator's "End of sequence" is listed first, tf raises `OutOfRangeError`
+for the same failure; the test re-raises it as the device error it names
+(and raises any other `OutOfRangeError` as it is).
 
 Before this port's fix every case but the default strategy's failed (80 of
 96 without XLA): keras_dist ran a `tf.function` given to `run` as it was,
@@ -332,7 +335,16 @@ def test_dnn_correctness_minus_tpus(distribution, optimizer_fn, iteration_type, 
 @pytest.mark.parametrize("distribution", ["one_device_strategy_gpu", "mirrored_strategy_with_two_gpus"])
 def test_dnn_correctness_minus_tpus_jit_compile(distribution, optimizer_fn, iteration_type, inside_func, sync_batchnorm):
     tf.config.experimental.disable_mlir_bridge()
-    dnn_correctness(distribution, optimizer_fn, iteration_type, inside_func, sync_batchnorm, jit_compile=True)
+    try:
+        dnn_correctness(distribution, optimizer_fn, iteration_type, inside_func, sync_batchnorm, jit_compile=True)
+    except tf.errors.OutOfRangeError as error:
+        # The step fails with two root errors: the XLA device error (the
+        # xfail's reason) and its input iterator's "End of sequence", and tf
+        # raises the class of whichever it lists first, which varies from run
+        # to run (one clean-clone run in several listed the iterator's).
+        if "located in device" not in str(error):
+            raise
+        raise tf.errors.InvalidArgumentError(None, None, str(error)) from error
 
 
 def test_plain_tf_distribute_fails_the_same_with_xla_on_cpus():

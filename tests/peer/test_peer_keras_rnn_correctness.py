@@ -23,7 +23,7 @@ lists its changes). Changes here, all of them:
   `keras.layers.GRU` / `keras.layers.LSTM`; `np.int32` as an `Input` dtype
   -> `"int32"`; `gradient_descent_keras.SGD` (legacy) ->
   `keras.optimizers.SGD`; `policy.policy_scope(name)` -> `_policy_scope`
-  (Keras 3's `set_dtype_policy`, restored after).
+  (Keras 3's `set_dtype_policy`, restored after; from the numpy port).
 - `test_utils.run_all_without_tensor_float_32` and
   `enable_v2_dtype_behavior` dropped (CPU devices; Keras 3 has only v2
   dtype behaviour). The mixed-precision method skips CentralStorage
@@ -37,6 +37,7 @@ import pytest
 
 import _combinations
 import _correctness_base as keras_correctness_test_base
+from test_peer_distribute_strategy_numpy import _policy_scope
 
 pytestmark = pytest.mark.zoo  # make test-zoo
 
@@ -56,20 +57,6 @@ _central_storage_loss_scaling = pytest.mark.xfail(
         "(tf.distribute refuses the loss-scale update's cond for centrally kept variables; upstream skips the case)"
     ),
 )
-
-
-class _policy_scope:
-    """`policy.policy_scope(name)` in Keras 3 spelling."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __enter__(self):
-        self.previous = keras.mixed_precision.dtype_policy()
-        keras.mixed_precision.set_dtype_policy(self.name)
-
-    def __exit__(self, *exc):
-        keras.mixed_precision.set_dtype_policy(self.previous)
 
 
 class _DistributionStrategyRnnModelCorrectnessTest(

@@ -111,7 +111,7 @@ DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
 #: cache entries unlocked); the JAX processes the tests start (examples,
 #: workers) share one more, locked (tests/conftest.py says what each does
 #: and does not skip; measured: 9% less CPU for the JAX tests that start
-#: processes). test-stress and test-faults use none.
+#: processes). test-stress uses one of its own (see there), test-faults none.
 JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1) \
 	KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-processes
 #: The JAX suites of `make test`, `make test-quick` and `make test-zoo` (and
@@ -237,8 +237,12 @@ endef
 # Same answer every time: the examples repeated under CPU load, every run's
 # weights hashed (slow; CI runs it after `make test`). The runs go two at a
 # time, each the other's load, and the two backends side by side (a load of
-# 3-4 on 2 cores; see tests/test_stress.py).
+# 3-4 on 2 cores; see tests/test_stress.py). The JAX runs share one XLA
+# compilation cache, new each time: the first two compile fresh, the rest
+# load (tests/test_stress.py says why that tests the same thing).
+test-stress: export KERAS_DIST_TEST_JAX_PROCESS_CACHE = $(CURDIR)/$(TEST_LOGS)/jax-cache-stress
 test-stress: install
+	@rm -rf $(TEST_LOGS)/jax-cache-stress
 	$(call both-backends,stress,tests/test_stress.py -m stress)
 
 # Real code nobody on the team wrote, too costly for `make test` (marker

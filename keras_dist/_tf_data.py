@@ -89,7 +89,6 @@ def worker_dataset(dataset: Any, num_workers: int, worker_index: int, num_replic
 
 
 def _worker_dataset(dataset, num_workers, worker_index, num_replicas, batch_size):
-    import tensorflow as tf
     from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
     from tensorflow.python.distribute import input_ops
 

@@ -52,8 +52,9 @@ if BACKEND == "jax" and JAX_CACHE:
 #: write it at once, so it is set up with a size limit, which makes JAX take a
 #: file lock around every read and write (without one, a process can read an
 #: entry another is still writing). Only the program of process 0 of a
-#: multi-process job is written, as JAX does. `make test-stress` and
-#: `make test-faults` set none: there every process compiles its own.
+#: multi-process job is written, as JAX does. `make test-stress` sets one
+#: of its own (tests/test_stress.py says why); `make test-faults` sets none:
+#: there every process compiles its own.
 JAX_PROCESS_CACHE = os.environ.get("KERAS_DIST_TEST_JAX_PROCESS_CACHE")
 if BACKEND == "jax" and JAX_PROCESS_CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = JAX_PROCESS_CACHE

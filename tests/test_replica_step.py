@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import keras
 
-import keras_dist
 from _helpers import make_data, mlp, two_heads
 from conftest import BACKEND, jax_train_step
 

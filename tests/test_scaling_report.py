@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import keras
 
-import keras_dist
 from keras_dist.callbacks import ScalingReport, ScalingResult
 from keras_dist.callbacks import _report
 from _helpers import FEATURES, compile_model, make_data, mlp

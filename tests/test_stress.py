@@ -10,6 +10,14 @@ reference is hashed the same way first, so a difference would be pinned on
 the right side. (The runs used to go one at a time beside a busy-looping
 process: the same load, with half the machine spent on the busy loop.)
 
+On JAX, `make test-stress` gives the runs one XLA compilation cache, new
+each time (KERAS_DIST_TEST_JAX_PROCESS_CACHE, tests/conftest.py): the
+first two runs compile at once, fresh, and the later ones load what they
+wrote (measured: a digits_cnn.py run 16.9 -> 4.4 CPU-s). XLA's compiler
+is deterministic, and the two fresh runs and the one-device reference
+keep that checked; what this test is for, the runs' threads meeting in
+every order under load, is the same with a loaded program.
+
 On JAX, 4 simulated devices are also pushed hard under heavier load, to show
 XLA's CPU client never deadlocks with the threads `simulate_cpu_devices`
 gives it.
@@ -28,7 +36,7 @@ from conftest import BACKEND
 pytestmark = [pytest.mark.stress, pytest.mark.starts_processes]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = int(os.environ.get("KERAS_DIST_STRESS_RUNS", "8"))
+RUNS = int(os.environ.get("KERAS_DIST_STRESS_RUNS", "6"))
 CONCURRENT = 2
 _HASH = re.compile(r"weights sha256(?: \(mirrored\))?: ([0-9a-f]{16})")
 
@@ -85,14 +93,14 @@ def _hashes(command, runs, timeout=600):
     return found
 
 
-@pytest.mark.slow("RUNS (8) fresh runs of examples/digits_cnn.py, two at a time, each hashed (make test-stress only)")
+@pytest.mark.slow("RUNS (6) fresh runs of examples/digits_cnn.py, two at a time, each hashed (make test-stress only)")
 def test_single_process_mirrored_is_bitwise_reproducible_under_load():
     hashes = _hashes([sys.executable, "examples/digits_cnn.py", "--epochs", "1"], RUNS)
     assert all(len(h) == 1 for h in hashes), hashes
     assert len({h[0] for h in hashes}) == 1, hashes
 
 
-@pytest.mark.slow("RUNS (8) launches of the 2-worker example, two at a time, each hashed (make test-stress only)")
+@pytest.mark.slow("RUNS (6) launches of the 2-worker example, two at a time, each hashed (make test-stress only)")
 def test_multi_worker_example_is_bitwise_reproducible_under_load():
     command = [
         sys.executable, "-m", "keras_dist.launch", "launch", "-n", "2", "--timeout", "400",

@@ -67,19 +67,11 @@ _synchronized_refused_on_jax = pytest.mark.xfail(
 )
 
 
-def _regular_batch_norm_cases(combinations):
-    """The combinations, those on several replicas marked `_global_statistics`."""
-    several = set(_combinations.multidevice_strategies) | {"central_storage_strategy_with_gpu_and_cpu"}
-    return [
-        pytest.param(*case, marks=_global_statistics, id=f"{case[0]}-numpy{case[1]}-validation{case[2]}")
-        if case[0] in several
-        else pytest.param(*case, id=f"{case[0]}-numpy{case[1]}-validation{case[2]}")
-        for case in combinations
-    ]
-
-
-def _parametrize_cases(cases):
-    return pytest.mark.parametrize("distribution, use_numpy, use_validation_data", cases)
+#: Regular BatchNormalization on several replicas: global statistics.
+_SEVERAL_REPLICAS = {
+    name: _global_statistics
+    for name in [*_combinations.multidevice_strategies, "central_storage_strategy_with_gpu_and_cpu"]
+}
 
 
 class TestDistributionStrategyCnnCorrectnessTest(keras_correctness_test_base.TestDistributionStrategyCorrectnessBase):
@@ -149,9 +141,7 @@ class TestDistributionStrategyCnnCorrectnessTest(keras_correctness_test_base.Tes
         distribution = _combinations.strategy(distribution)
         self.run_correctness_test(distribution, use_numpy, use_validation_data)
 
-    @_parametrize_cases(
-        _regular_batch_norm_cases(_select(_ALL, 1))
-    )
+    @keras_correctness_test_base.parametrize(_select(_ALL, 1), marks=_SEVERAL_REPLICAS)
     def test_cnn_with_batch_norm_correctness(self, distribution, use_numpy, use_validation_data):
         distribution = _combinations.strategy(distribution)
         self.run_correctness_test(distribution, use_numpy, use_validation_data, with_batch_norm="regular")
@@ -173,9 +163,7 @@ class TestDistributionStrategyCnnCorrectnessTest(keras_correctness_test_base.Tes
             training_epochs=1,
         )
 
-    @_parametrize_cases(
-        _regular_batch_norm_cases(_select(_ALL, 4))
-    )
+    @keras_correctness_test_base.parametrize(_select(_ALL, 4), marks=_SEVERAL_REPLICAS)
     def test_cnn_with_batch_norm_correctness_and_partial_last_batch_eval(
         self, distribution, use_numpy, use_validation_data
     ):

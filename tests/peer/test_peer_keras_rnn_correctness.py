@@ -116,14 +116,8 @@ class TestDistributionStrategyLstmModelCorrectnessTest(_DistributionStrategyRnnM
         distribution = _combinations.strategy(distribution)
         self.run_correctness_test(distribution, use_numpy, use_validation_data)
 
-    @pytest.mark.parametrize(
-        "distribution, use_numpy, use_validation_data",
-        [
-            pytest.param(*case, marks=_central_storage_loss_scaling, id="-".join(map(str, case)))
-            if case[0] == "central_storage_strategy_with_gpu_and_cpu"
-            else pytest.param(*case, id="-".join(map(str, case)))
-            for case in _select(_COMBINATIONS, 2)
-        ],
+    @keras_correctness_test_base.parametrize(
+        _select(_COMBINATIONS, 2), marks={"central_storage_strategy_with_gpu_and_cpu": _central_storage_loss_scaling}
     )
     def test_lstm_model_correctness_mixed_precision(self, distribution, use_numpy, use_validation_data):
         distribution = _combinations.strategy(distribution)

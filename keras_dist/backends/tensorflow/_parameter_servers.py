@@ -33,7 +33,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.distribute import ps_values
 from tensorflow.python.distribute import sharded_variable
-from tensorflow.python.distribute.coordinator import cluster_coordinator as tf_coordinator
 from tensorflow.python.distribute.coordinator import values as tf_coordinator_values
 
 from keras_dist import _heartbeat as heartbeat

@@ -18,7 +18,7 @@ from keras_dist import _heartbeat as heartbeat
 from keras_dist import _metric_state, _moments, _shard
 from keras_dist._engine_kind import EngineKind
 from keras_dist._split import replica_shard
-from keras_dist.backends.tensorflow import _cluster
+from keras_dist.backends.tensorflow import _cluster, _replica
 
 
 def _host_device():
@@ -74,7 +74,7 @@ def _all_reduce(op, values):
     context = tf.distribute.get_replica_context()
     if context.num_replicas_in_sync == 1:
         return values
-    return context.all_reduce(op, values)
+    return _replica.all_reduce_in_replica(context, op, values)
 
 
 def _global_logs(logs, variables, metric_results):

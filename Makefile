@@ -112,8 +112,10 @@ DURATIONS_FILE = KERAS_DIST_DURATIONS=$(CURDIR)/$(TEST_LOGS)/durations/$(1).json
 #: workers) share one more, locked (tests/conftest.py says what each does
 #: and does not skip; measured: 9% less CPU for the JAX tests that start
 #: processes). test-stress uses one of its own (see there), test-faults none.
+#: $(call JAX_TEST_CACHE,NAME[,PROCESS-CACHE-NAME]): the second names the
+#: processes' cache where a target keeps its own (default: processes).
 JAX_TEST_CACHE = KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(1) \
-	KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-processes
+	KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-$(or $(2),processes)
 #: The JAX suites of `make test`, `make test-quick` and `make test-zoo` (and
 #: the processes their tests start) have XLA's CPU backend hand its code to LLVM at -O0:
 #: most of a test's JAX time is compiling tiny models, and -O0 compiles
@@ -301,8 +303,7 @@ test-zoo-jax: install $(ZOO_STAMP)
 	$(call JAX_TEST_CACHE,zoo-jax) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES) $(ZOO_CORRECTNESS_FILES))
 
 test-zoo-jax-tutorials: install $(ZOO_STAMP)
-	$(call JAX_TEST_CACHE,zoo-jax-tutorials) KERAS_DIST_TEST_JAX_PROCESS_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-zoo-processes \
-	  $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)
+	$(call JAX_TEST_CACHE,zoo-jax-tutorials,zoo-processes) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)
 
 test-zoo-tensorflow: install $(ZOO_STAMP)
 	$(call ZOO_TESTS,tensorflow,tensorflow,$(ZOO_FILES))

@@ -259,8 +259,9 @@ test-stress: install
 # and tf-keras's ctl_correctness_test (TensorFlow, 129 cases, 2 CPU-min) and
 # keras_save_load_test (91 cases per backend, 1.2 CPU-min) and four classes
 # of distribute_strategy_test (93 + 61 cases per backend, 1.7 CPU-min) and
-# keras_embedding_, keras_image_ and keras_rnn_model_correctness_test (a
-# rotation of their matrix, 60 cases per backend; tests/peer/README.md)
+# keras_embedding_, keras_image_ and keras_rnn_model_correctness_test and
+# keras_dnn_correctness_test's model classes (a rotation of their matrix,
+# 91 cases per backend; tests/peer/README.md)
 # ported, and two keras-hub backbones
 # (tests/test_zoo_hub.py, from .venv-zoo below; 1 CPU-min per backend).
 # Its JAX runs compile as `make test`'s do (-O0, a cache per run: see
@@ -281,7 +282,8 @@ ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py
 #: TensorFlow runs these apart (test-zoo-tensorflow-correctness): in one run
 #: with ZOO_FILES it was the last part to end, by 2 min, alone on a core.
 ZOO_CORRECTNESS_FILES := tests/peer/test_peer_keras_embedding_correctness.py \
-	tests/peer/test_peer_keras_image_correctness.py tests/peer/test_peer_keras_rnn_correctness.py tests/test_zoo_hub.py
+	tests/peer/test_peer_keras_image_correctness.py tests/peer/test_peer_keras_rnn_correctness.py \
+	tests/peer/test_peer_keras_dnn_correctness_models.py tests/test_zoo_hub.py
 #: keras-hub (requirements/zoo.txt says why it is an overlay), for the
 #: zoo's runs only.
 ZOO_DIR := .venv-zoo

@@ -22,11 +22,13 @@ _local = threading.local()
 class Shard:
     """Row counts (integers or integer scalar tensors) of one replica's step."""
 
-    def __init__(self, local_rows: Any, global_rows: Any, start: Any = None):
+    def __init__(self, local_rows: Any, global_rows: Any, start: Any = None, replicas: int = 1):
         self.local_rows = local_rows
         self.global_rows = global_rows
         #: This replica's first row in the global batch (None: not known).
         self.start = start
+        #: How many replicas the global batch is split over (a Python int).
+        self.replicas = replicas
 
 
 @contextlib.contextmanager

@@ -462,6 +462,28 @@ def _run_recurrent_layer(mirrored, layer):
     return np.concatenate([np.asarray(v) for v in strategy.experimental_local_results(out)])
 
 
+def _probe_stateful_rnn(mirrored, tmp_path):
+    """A stateful LSTM on 2 replicas that split the global batch (TensorFlow:
+    fit's steps; JAX: inside run, as its steps see the global batch):
+    keras_dist's clear error (TensorFlow failed in the graph, JAX in Keras'
+    own batch-size check)."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((3, 2), batch_size=4), keras.layers.LSTM(2, stateful=True)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.linspace(-1, 1, 24, dtype="float32").reshape(4, 3, 2)
+    try:
+        if BACKEND == "tensorflow":
+            model.fit(x, x[:, 0, :], batch_size=4, verbose=0)
+        else:
+            for batch in strategy.experimental_distribute_dataset([x]):
+                strategy.run(lambda b: model(b), args=(batch,))
+    except ValueError as error:
+        return "refused" if "is stateful (stateful=True)" in str(error) else f"another error: {error}"
+    return "trained"
+
+
 def _probe_empty_replica_add(mirrored, tmp_path):
     """A residual `Add` inside run on 3 rows over 4 replicas, in a
     tf.function: one replica gets 0 rows, and Keras' add took its (0, 4)
@@ -521,6 +543,7 @@ PROBES = {
     "keras.src.backend.jax.distribution_lib:distribute_tensor": _probe_values_from_chief,
     "keras.src.backend:rnn": _rnn_probe("LSTM"),  # LSTM on CPU: Keras' generic rnn
     "keras.src.backend:gru": _rnn_probe("GRU"),  # the backend's own GRU loop
+    "keras.src.layers.rnn.rnn:RNN.call": _probe_stateful_rnn,
     "keras.src.backend.tensorflow.numpy:add": _probe_empty_replica_add,
     "keras.src.backend.tensorflow.nn:conv": _empty_replica_convolution_probe(lambda: keras.layers.Conv2D(3, 3)),
     "keras.src.backend.tensorflow.nn:depthwise_conv": _empty_replica_convolution_probe(

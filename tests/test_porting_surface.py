@@ -163,6 +163,10 @@ def test_extended_cross_replica_methods():
     mirrored = strategy.extended.broadcast_to(np.float32(5.0), v)
     assert [float(np.asarray(c)) for c in _local(strategy, mirrored)][0] == 5.0
     assert strategy.extended.experimental_enable_get_next_as_optional is True
+    strategy.extended.experimental_enable_get_next_as_optional = True  # as tf-keras's tests set it
+    with pytest.raises(ValueError, match="always end cleanly.*drop_remainder=True"):
+        strategy.extended.experimental_enable_get_next_as_optional = False  # tf: "every batch is full"
+    assert strategy.extended.experimental_enable_get_next_as_optional is True
     assert strategy.extended.experimental_require_static_shapes is False
 
 

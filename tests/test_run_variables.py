@@ -123,6 +123,35 @@ def test_variable_written_inside_run(aggregation, sync, op, varying, strategy_na
     assert np.isfinite(float(variable.numpy()))
 
 
+ONE_REPLICA = {
+    "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+    "mirrored-1": lambda: keras_dist.MirroredStrategy(["cpu:0"]),
+    "central_storage-1": lambda: keras_dist.CentralStorageStrategy(["cpu:0"]),
+}
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("strategy_name", sorted(ONE_REPLICA))
+def test_one_replica_takes_a_value_computed_from_its_rows(strategy_name, aggregation):
+    """With one replica a value computed from the replica's rows cannot
+    differ across replicas: every aggregation takes it, "none" included (JAX
+    refused it under OneDeviceStrategy, found by a stateful LSTM's state
+    written inside run: tests/test_stateful_layers.py)."""
+    strategy = ONE_REPLICA[strategy_name]()
+    with strategy.scope():
+        variable = keras.Variable(np.zeros(3, "float32"), aggregation=aggregation)
+    x = np.arange(6, dtype="float32").reshape(2, 3)
+
+    def replica_fn(rows):
+        variable.assign(keras.ops.sum(rows, axis=0))
+        return keras.ops.convert_to_tensor(variable.value) * 1.0
+
+    for batch in strategy.experimental_distribute_dataset([x]):
+        out = strategy.run(replica_fn, args=(batch,))
+    np.testing.assert_array_equal(variable.numpy(), [3.0, 5.0, 7.0])
+    np.testing.assert_array_equal(np.asarray(strategy.experimental_local_results(out)[0]), [3.0, 5.0, 7.0])
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="the oracle is tf.distribute itself (TensorFlow backend)")
 def test_the_table_is_what_tf_distribute_does():
     import tensorflow as tf

@@ -13,7 +13,7 @@ BatchNorm moments), `_random` (one device's dropout masks in replica steps), `_s
 adapter), `_run_variables` (increments written inside `run`), `_metrics`
 (metrics inside `run` skip JAX's padding rows),
 `_variables` (variables agree across workers; a variable split over the ps
-tasks is trained as its shards), `_loops` (recurrent layers inside `run`),
+tasks is trained as its shards), `_loops` (recurrent layers inside `run`; stateful ones split over replicas),
 `_empty_replicas` (replicas a global batch leaves without rows), `_distributed_input`
 (`fit` of a distributed dataset: its global batches), `_ps_fit` (fit under
 ParameterServerStrategy, entered from `_entry`'s fit). Nothing here imports jax or tensorflow.
@@ -145,6 +145,11 @@ HOOKS: tuple = (
         _loops.wrap_gru,
         _JAX,
         purpose="run(): the same for the backend's own GRU loop",
+    ),
+    Hook(
+        "keras.src.layers.rnn.rnn:RNN.call",
+        _loops.wrap_rnn_layer_call,
+        purpose="a stateful RNN in a step that splits the global batch over replicas: one clear error",
     ),
     Hook(
         "keras.src.backend.tensorflow.numpy:add",

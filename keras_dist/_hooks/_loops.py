@@ -11,11 +11,20 @@ the replica context (`ReplicaOps.loop_carry`), in the backend's generic
 them; in older ones a NotImplementedError stub, and GRU falls back to
 `rnn`).
 Outside `run` Keras' own runs.
+
+A stateful recurrent layer (`stateful=True`) keeps its state as variables
+with one row per row of the global batch. Where a step splits that batch
+over replicas (TensorFlow's steps, JAX's multi-process ones, `run` on
+several replicas) each replica would start from every row's state: on
+TensorFlow that failed deep in the graph (`BroadcastGradientArgs`), so it
+is one clear error first. JAX's single-process steps see the global batch
+and train it as one device does.
 """
 
 from __future__ import annotations
 
-from keras_dist import _context
+from keras_dist import _context, _shard
+from keras_dist.backends import backend_name
 
 
 def _loop_start(state):
@@ -40,3 +49,30 @@ def wrap_gru(original):
         return original(inputs, _loop_start(initial_state), *args, **kwargs)
 
     return gru
+
+
+def _replicas_splitting_the_batch() -> int:
+    """How many replicas the step being traced splits the global batch over."""
+    shard = _shard.current()
+    if shard is not None:
+        return shard.replicas
+    context = _context.replica_context()
+    return 1 if context is None else context.num_replicas_in_sync
+
+
+def wrap_rnn_layer_call(original):
+    """Wrapper for `RNN.call`: a stateful layer split over replicas is refused."""
+
+    def call(self, sequences, initial_state=None, *args, **kwargs):
+        if getattr(self, "stateful", False) and initial_state is None:
+            replicas = _replicas_splitting_the_batch()
+            if replicas > 1:
+                raise ValueError(
+                    f"Layer '{self.name}' is stateful (stateful=True): its state holds one row per row of the global "
+                    f"batch, and this step splits the batch over {replicas} replicas, which keras_dist cannot do on "
+                    f"the {backend_name()} backend. Train it on one replica (OneDeviceStrategy, or a strategy of one "
+                    "device), with stateful=False, or (one process) on the JAX backend, which trains it as one device."
+                )
+        return original(self, sequences, initial_state, *args, **kwargs)
+
+    return call

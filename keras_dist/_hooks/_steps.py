@@ -319,6 +319,27 @@ def _known_element_spec(iterator):
     return spec
 
 
+@contextlib.contextmanager
+def _stateful_layers_built_first(model):
+    """Under a strategy the model is built symbolically before its first
+    step, where a stateful recurrent layer cannot make its state variables
+    (Keras: "create a variable while in a stateless scope"); plain Keras on
+    TensorFlow builds it while tracing its step instead. One clear error
+    naming the fix."""
+    unbuilt = [layer.name for layer in model._flatten_layers() if getattr(layer, "stateful", False) and not layer.built]
+    try:
+        yield
+    except ValueError as error:
+        if unbuilt and "stateless scope" in str(error):
+            raise ValueError(
+                f"Layer '{unbuilt[0]}' is stateful (stateful=True) and not built yet: under a strategy the model is "
+                "built before its first step, where a stateful layer cannot make its state. Build the model first: "
+                "start it with keras.Input(shape, batch_size=...), or call model.build((batch_size, ...)) in the "
+                "strategy's scope."
+            ) from error
+        raise
+
+
 def wrap_maybe_symbolic_build(original):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if model_strategy(self) is None:
@@ -333,9 +354,11 @@ def wrap_maybe_symbolic_build(original):
             # known: no batch is drawn, as on one device.
             spec = _known_element_spec(iterator)
             if spec is not None:
-                return original(self, data_batch=spec)
+                with _stateful_layers_built_first(self):
+                    return original(self, data_batch=spec)
         try:
-            return original(self, iterator=iterator, data_batch=data_batch)
+            with _stateful_layers_built_first(self):
+                return original(self, iterator=iterator, data_batch=data_batch)
         except StopIteration:
             # An empty input: no batch to build from. Plain Keras (no
             # tf.distribute strategy) builds while tracing its step from the

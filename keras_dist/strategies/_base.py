@@ -160,6 +160,17 @@ class StrategyExtended:
         last batch (every replica gets its rows, some none)."""
         return True
 
+    @experimental_enable_get_next_as_optional.setter
+    def experimental_enable_get_next_as_optional(self, value: bool) -> None:
+        # tf-keras's tests set it True for partial batches: what keras_dist
+        # always does. False (tf: assume every batch is full) would be ignored.
+        if value is not True:
+            raise ValueError(
+                f"experimental_enable_get_next_as_optional={value!r}: keras_dist's distributed iterators always end "
+                "cleanly on a partial or uneven last batch (True, the only setting). For full batches only, batch "
+                "the dataset with drop_remainder=True."
+            )
+
     @property
     def experimental_require_static_shapes(self) -> bool:
         """Whether the strategy needs static shapes (TPUStrategy, as in tf)."""

@@ -20,10 +20,12 @@ Source: keras-team/tf-keras at dd0a7237b. Changes, all of them:
   `tf.nest` -> `keras.tree`.
 - Each method runs a rotation of its combinations unless
   KERAS_DIST_PEER_FULL_MATRIX=1 (`select`).
+- `LearningRateBatchScheduler`: `keras.backend.set_value(optimizer.lr,
+  lr)` -> `optimizer.learning_rate = lr` (Keras 3 has neither `lr` nor
+  `set_value`).
 - Not ported: the TPU-only branches (`steps_per_run`,
-  `should_skip_tpu_with_eager`), `run_dynamic_lr_test` and
-  `LearningRateBatchScheduler` (used by the DNN file's class left out:
-  README.md), the graph-mode and multi-worker combinations.
+  `should_skip_tpu_with_eager`; `run_dynamic_lr_test`'s `update_freq` is
+  always None without them), the graph-mode and multi-worker combinations.
 """
 
 import functools
@@ -315,6 +317,22 @@ def compare_results(results_with_ds, results_without_ds, distribution, partial_l
         )
 
 
+class LearningRateBatchScheduler(keras.callbacks.Callback):
+    """Scheduler that dynamically sets the learning rate of model."""
+
+    def __init__(self, update_freq=None):
+        super().__init__()
+        self._update_freq = update_freq
+
+    def on_batch_begin(self, batch, logs=None):
+        if self._update_freq and batch % self._update_freq != 0:
+            return
+
+        # To avoid divergence, limit the value range.
+        lr = 0.001 * (batch % 10)
+        self.model.optimizer.learning_rate = lr
+
+
 class TestDistributionStrategyCorrectnessBase:
     """Model agnostic testing infra to test correctness of TF-Keras models."""
 
@@ -402,6 +420,67 @@ class TestDistributionStrategyCorrectnessBase:
                 compare_results(results_with_ds, results_without_ds, distribution, partial_last_batch=partial_last_batch)
         else:
             compare_results(results_with_ds, results_without_ds, distribution, partial_last_batch=partial_last_batch)
+
+
+    def get_input_for_dynamic_lr_test(self, **kwargs):
+        """Generates inputs that are dictionaries.
+
+        We only provide a default implementation of this method here. If you
+        need more customized way of providing input to your model, overwrite
+        this method.
+        """
+        training_input = kwargs
+        return training_input, None, None
+
+    def run_dynamic_lr_test(self, distribution):
+        self.set_up_test_config()
+
+        x_train, y_train, _ = self.get_data()
+        model = self.get_model(input_shapes=get_shapes(x_train))
+        initial_weights = model.get_weights()
+        update_freq = None  # (tf: steps_per_run of a TPU strategy)
+
+        training_epochs = 2
+        global_batch_size = 64
+
+        ds_batch_size = get_batch_size(global_batch_size, distribution)
+        nods_batch_size = get_batch_size(global_batch_size, None)
+
+        ds_input_fn = functools.partial(
+            self.get_input_for_dynamic_lr_test,
+            x=x_train,
+            y=y_train,
+            batch_size=ds_batch_size,
+            shuffle=False,
+            epochs=training_epochs,
+            callbacks=[LearningRateBatchScheduler(update_freq)],
+            validation_data=(x_train, y_train),
+        )
+
+        nods_input_fn = functools.partial(
+            self.get_input_for_dynamic_lr_test,
+            x=x_train,
+            y=y_train,
+            batch_size=nods_batch_size,
+            shuffle=False,
+            epochs=training_epochs,
+            callbacks=[LearningRateBatchScheduler(update_freq)],
+            validation_data=(x_train, y_train),
+        )
+
+        results_with_ds = fit_eval_and_predict(
+            initial_weights,
+            input_fn=ds_input_fn,
+            model_fn=self.get_model,
+            distribution=distribution,
+        )
+        results_without_ds = fit_eval_and_predict(
+            initial_weights,
+            input_fn=nods_input_fn,
+            model_fn=self.get_model,
+            distribution=None,
+        )
+        compare_results(results_with_ds, results_without_ds, distribution)
 
 
 class TestDistributionStrategyEmbeddingModelCorrectnessBase(TestDistributionStrategyCorrectnessBase):

@@ -23,10 +23,9 @@ keras_dnn_correctness_test.py), with what they use of
   `gradient_descent_keras.SGD(0.05)` (legacy) and
   `tf.compat.v1.train.GradientDescentOptimizer(0.001)` ->
   `keras.optimizers.SGD(...)` with the same learning rate.
-- Not ported: `TestDistributionStrategyDnnCorrectness` and its subclassed
-  variant (fit/evaluate/predict of 9984 rows against one device, 24
-  combinations each: tests/test_equivalence.py checks that contract, on
-  uneven and partial batches too, at a cost `make test` can hold).
+- `TestDistributionStrategyDnnCorrectness` and its subclassed variant
+  (fit/evaluate/predict of 9984 rows against one device, too costly for
+  `make test`): test_peer_keras_dnn_correctness_models.py (`make test-zoo`).
 """
 
 import keras

@@ -90,7 +90,7 @@ def make_train_step(engine, model):
 
     def body(state, data):
         local_rows = next(x for x in jax.tree_util.tree_leaves(data) if np.ndim(x) >= 1).shape[0]
-        with _shard.shard_scope(_shard.Shard(local_rows, local_rows * num)):
+        with _shard.shard_scope(_shard.Shard(local_rows, local_rows * num, replicas=num)):
             logs, new_state = model.train_step(state, data)
         *rest, metrics = new_state
         variables = model.metrics_variables

@@ -212,6 +212,8 @@ class VariableAccess(keras.StatelessScope):
     def _aggregate(self, variable, value, aggregation):
         """A mirrored variable's update over all replicas (tf's merge_call)."""
         num = self.num_replicas
+        if num == 1 and varying(value):  # one replica: its value, whatever the aggregation
+            return jax.lax.psum(value, BATCH_AXIS)  # (a sum over one replica: the value, typed as equal on all)
         if not varying(value):
             if aggregation == "sum":
                 return value * num

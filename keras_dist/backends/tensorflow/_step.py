@@ -43,7 +43,7 @@ def slice_for_replica(data):
         local = tf.nest.map_structure(
             lambda x: None if x is None else x[start : start + size], data
         )
-    return _shard.Shard(size, global_rows, start), local
+    return _shard.Shard(size, global_rows, start, replicas=num_replicas), local
 
 
 def replica_step(step_fn, metric_variables, metric_results):

@@ -749,3 +749,57 @@ def test_a_state_in_state_out_loop_compiles_its_step_once(make_strategy, outer_j
         logger.removeHandler(handler)
     once_more = 1 if outer_jit and isinstance(strategy, keras_dist.CentralStorageStrategy) else 0
     assert after_each_step[-1] - after_each_step[0] == once_more, (after_each_step, compiles[after_each_step[0]:])
+
+
+_APPLY_STRATEGIES = {
+    "mirrored-4": lambda: keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)]),
+    "central-storage-4": lambda: keras_dist.CentralStorageStrategy([f"cpu:{i}" for i in range(4)]),
+    "one-device": lambda: keras_dist.OneDeviceStrategy("cpu:1"),
+}
+
+
+@pytest.mark.parametrize("gradient", ["autodiff", "per-replica"])
+@pytest.mark.parametrize("aggregation", ["none", "sum", "mean", "only_first_replica"])
+@pytest.mark.parametrize("strategy_name", sorted(_APPLY_STRATEGIES))
+def test_apply_gradients_inside_run_moves_a_variable_once_whatever_its_aggregation(strategy_name, aggregation, gradient):
+    """Each replica's loss is (replica + 1) * v: the update is SGD's step
+    for the sum of the replicas' gradients, applied once (tf applies it in
+    cross-replica context). On JAX a variable with aggregation="sum" moved
+    num_replicas times as far (found by tf-keras's keras_optimizer_v2_test,
+    tests/peer/test_peer_keras_optimizer_v2.py). "per-replica": each
+    replica hands apply_gradients its own gradient (not through autodiff;
+    on JAX it still differs across replicas), which tf sums."""
+    strategy = _APPLY_STRATEGIES[strategy_name]()
+    with strategy.scope():
+        var = keras.Variable(2.0, aggregation=aggregation)
+        optimizer = keras.optimizers.SGD(0.05)
+        optimizer.build([var])
+
+    def replica_fn():
+        replica = keras.ops.cast(keras_dist.get_replica_context().replica_id_in_sync_group, "float32")
+        if gradient == "per-replica":
+            grad = replica + 1.0
+        elif BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                loss = (replica + 1.0) * var
+            grad = tape.gradient(loss, var)
+        else:
+            import jax
+
+            grad = jax.grad(lambda v: (replica + 1.0) * v)(var.value)
+        optimizer.apply_gradients([(grad, var)])
+
+    step = replica_fn
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        step = tf.function(lambda: strategy.run(replica_fn))
+    else:
+        step = lambda: strategy.run(replica_fn)  # noqa: E731
+    for _ in range(2):
+        step()
+    total = sum(r + 1.0 for r in range(strategy.num_replicas_in_sync))
+    np.testing.assert_allclose(float(keras.ops.convert_to_numpy(var.value)), 2.0 - 2 * 0.05 * total, rtol=1e-6, atol=1e-6)
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 2

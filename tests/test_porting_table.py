@@ -44,9 +44,10 @@ COLUMNS = ["keras_dist name", "JAX", "TensorFlow", "notes"]
 #: table kind -> the header of its first column
 KINDS = {"names": "tf.distribute name", "methods": "tf method", "others": "tf name"}
 BACKEND_COLUMN = {"jax": "JAX", "tensorflow": "TensorFlow"}
-#: Methods the guide must document whatever tf's dir() lists: two are not in
-#: it (tf.compat.v1's `broadcast_to`; `experimental_enable_get_next_as_optional`,
-#: an attribute tf's strategies set on their extended).
+#: Methods the guide must document whatever tf's dir() lists: three are not in
+#: it (tf.compat.v1's `broadcast_to` and `call_for_each_replica`, which TF2's
+#: strategies keep; `experimental_enable_get_next_as_optional`, an attribute
+#: tf's strategies set on their extended).
 REQUIRED_METHODS = {
     "Strategy.run",
     "Strategy.reduce",
@@ -64,6 +65,7 @@ REQUIRED_METHODS = {
     "StrategyExtended.value_container",
     "StrategyExtended.colocate_vars_with",
     "StrategyExtended.broadcast_to",
+    "StrategyExtended.call_for_each_replica",
     "StrategyExtended.experimental_enable_get_next_as_optional",
     "StrategyExtended.experimental_require_static_shapes",
     "ReplicaContext.all_reduce",
@@ -73,7 +75,11 @@ REQUIRED_METHODS = {
     "ReplicaContext.replica_id_in_sync_group",
     "ReplicaContext.num_replicas_in_sync",
 }
-NOT_IN_TF_DIR = {"StrategyExtended.broadcast_to", "StrategyExtended.experimental_enable_get_next_as_optional"}
+NOT_IN_TF_DIR = {
+    "StrategyExtended.broadcast_to",
+    "StrategyExtended.call_for_each_replica",
+    "StrategyExtended.experimental_enable_get_next_as_optional",
+}
 #: tf names that belong to parameter-server training (issue #14).
 PARAMETER_SERVER = re.compile(r"ParameterServer|ClusterCoordinator|DatasetCreator|\.coordinator\b|\.partitioners\b")
 STRATEGY_CLASSES = (

@@ -266,9 +266,10 @@ class ParameterServers(typing.Protocol):
 
 
 class ParameterServerVariables(typing.Protocol):
-    """Variables on parameter servers where the engine needs a hand: writes
-    applied once when a scheduled function runs again, variables split
-    over the ps tasks. Each optional alone."""
+    """Variables where the engine needs a hand with their writes: on
+    parameter servers, applied once when a scheduled function runs again;
+    split over the ps tasks; an optimizer's updates inside `run`. Each
+    optional alone."""
 
     def assign_on_ps(self, variable: Any, value: Any) -> Any:
         """`variable.assign(value)` of a variable on a parameter server,
@@ -280,8 +281,9 @@ class ParameterServerVariables(typing.Protocol):
     def apply_optimizer(self, optimizer: Any, build: Optional[Callable[[], None]], apply: Callable[[], Any]) -> Any:
         """Runs `apply()` (Keras' `optimizer.apply`). Where the engine's
         optimizer updates need it (TensorFlow, in a scheduled function:
-        applied once even when the function runs again), around it;
-        otherwise just `apply()`. `build`: builds the still unbuilt optimizer
+        applied once even when the function runs again; JAX, inside `run`:
+        written once as tf's cross-replica update, not aggregated over the
+        replicas), around it; otherwise just `apply()`. `build`: builds the still unbuilt optimizer
         as Keras' `apply` would (None when built), for an engine that must
         build it before `apply()` runs. Adapter without it: `apply()`."""
 

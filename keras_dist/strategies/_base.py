@@ -149,6 +149,11 @@ class StrategyExtended:
             )
         return contextlib.nullcontext()
 
+    def call_for_each_replica(self, fn, args=(), kwargs=None):
+        """tf.compat.v1's `extended.call_for_each_replica` (TF2's strategies
+        keep it): `fn` on every replica, as `strategy.run(fn, args, kwargs)`."""
+        return self._strategy.run(fn, args=args, kwargs=kwargs)
+
     def broadcast_to(self, tensor, destinations):
         """`tensor`, the same on every replica (a mirrored value)."""
         self._check_destinations("broadcast_to", destinations)

@@ -38,8 +38,16 @@ all_strategies = strategies_minus_tpu  # + tpu_strategy: no TPU here
 multidevice_strategies = ["mirrored_strategy_with_gpu_and_cpu", "mirrored_strategy_with_two_gpus"]  # + tpu_strategy
 
 
+#: tf's combinations that none of the lists above holds (a file names them itself).
+OTHER_STRATEGIES = {
+    "central_storage_strategy_with_two_gpus": lambda: keras_dist.CentralStorageStrategy(
+        ["cpu:1", "cpu:2"], parameter_device="cpu:0"
+    ),
+}
+
+
 def strategy(name: str):
-    return STRATEGIES[name]()
+    return {**STRATEGIES, **OTHER_STRATEGIES}[name]()
 
 
 def function(fn):

@@ -46,6 +46,7 @@ class JaxAdapter(BackendAdapter):
     assign_delta_in_replica = staticmethod(_replica.assign_delta_in_replica)
     sum_gradients_over_replicas = staticmethod(_replica_step.sum_gradients_over_replicas)
     sum_gradients_for_apply = staticmethod(_replica.sum_gradients_for_apply)
+    apply_optimizer = staticmethod(_replica.apply_optimizer)
     global_moments = staticmethod(_replica_step.global_moments)
     # parameter servers
     check_parameter_servers_supported = staticmethod(_ray_runtime.check_ray_installed)
@@ -63,7 +64,7 @@ class JaxAdapter(BackendAdapter):
     # one; a TensorFlow object gets the core's error naming the keras_dist
     # spelling), and of the parameter servers' (Ray actors, which split a
     # variable's rows and apply each keyed write once themselves):
-    # create_server, variable_parts, assign_on_ps, apply_optimizer.
+    # create_server, variable_parts, assign_on_ps.
     unsupported = {
         "create_server": "on JAX, workers and parameter servers are Ray actors the strategy starts; "
         "no server process is needed."

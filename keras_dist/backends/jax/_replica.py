@@ -496,10 +496,28 @@ def build_outside_replicas(build_fn):
 
 
 def sum_gradients_for_apply(grads):
-    """None: inside `run` (and fit's replica steps) JAX's autodiff already
-    sums the gradients of replicated variables over the replicas, so Keras'
-    clipping and updates see the global batch's gradients."""
-    return None
+    """Inside `run` (and fit's replica steps) JAX's autodiff already sums
+    the gradients of replicated variables over the replicas, so Keras'
+    clipping and updates see the global batch's gradients: None. A gradient
+    that still differs across replicas (computed per replica some other
+    way) is summed over them, as tf sums every replica's gradient."""
+    if _context.replica_context() is None or not any(g is not None and _varying(g) for g in grads):
+        return None
+    return [g if g is None or not _varying(g) else jax.lax.psum(g, BATCH_AXIS) for g in grads]
+
+
+def apply_optimizer(optimizer, build, apply):
+    """Inside `run`: Keras' update of each variable is tf's cross-replica
+    update (`merge_call`, then `extended.update`): written once, as the
+    optimizer computed it from the summed gradients, not aggregated over
+    the replicas again (a variable with aggregation="sum" moved
+    num_replicas times as far). Elsewhere just `apply()` (it builds an
+    unbuilt optimizer itself; `build` is not needed here)."""
+    access = _run_variables.active_access()
+    if access is None or _context.replica_context() is None:
+        return apply()
+    with access.cross_replica():
+        return apply()
 
 
 def assign_delta_in_replica(variable, value, sign):

@@ -791,7 +791,6 @@ def test_apply_gradients_inside_run_moves_a_variable_once_whatever_its_aggregati
             grad = jax.grad(lambda v: (replica + 1.0) * v)(var.value)
         optimizer.apply_gradients([(grad, var)])
 
-    step = replica_fn
     if BACKEND == "tensorflow":
         import tensorflow as tf
 

@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 # `".[tensorflow-cpu]"`: the other backend's package is absent.
 VENV_JAX := .venv-jax
 VENV_TF := .venv-tensorflow
+VENV_TORCH := .venv-torch
 KERAS_MIN := 3.10.0
 KERAS_MIN_DIR := .venv-keras-min
 PYTEST := $(PY) -m pytest -q -rs
@@ -19,7 +20,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
 	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
-	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness
+	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness install-torch test-torch
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -62,6 +63,17 @@ $(VENV_JAX)/.installed: pyproject.toml requirements/constraints.txt
 	  { echo "$(VENV_JAX) has tensorflow: not a JAX-only install" >&2; exit 1; }
 	touch $@
 
+install-torch: $(VENV_TORCH)/.installed
+
+# The torch backend alone (`pip install ".[torch]"`: no jax, no tensorflow).
+$(VENV_TORCH)/.installed: pyproject.toml requirements/constraints.txt
+	$(call make-venv,$(VENV_TORCH),torch$(comma)test)
+	@! $(VENV_TORCH)/bin/python -c "import tensorflow" 2>/dev/null || \
+	  { echo "$(VENV_TORCH) has tensorflow: not a torch-only install" >&2; exit 1; }
+	@! $(VENV_TORCH)/bin/python -c "import jax" 2>/dev/null || \
+	  { echo "$(VENV_TORCH) has jax: not a torch-only install" >&2; exit 1; }
+	touch $@
+
 install-tensorflow: $(VENV_TF)/.installed
 
 $(VENV_TF)/.installed: pyproject.toml requirements/constraints.txt
@@ -94,11 +106,12 @@ demo: install-jax
 #                         none, but for / then TF_IN_PROCESS_LATE
 #   test-jax-in-process:  JAX's that start none (.venv-jax)
 #   test-jax-with-tensorflow: JAX's needs_tensorflow tests (.venv)
+#   test-torch:           the torch backend's tests (.venv-torch)
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
 TEST_PARTS := test-tensorflow-in-process test-jax-processes test-tensorflow-processes test-jax-in-process \
-	test-tensorflow-in-process-late test-jax-with-tensorflow test-tensorflow-processes-late
+	test-tensorflow-in-process-late test-jax-with-tensorflow test-tensorflow-processes-late test-torch
 TEST_SLOTS := 5
 #: Every part but the first (TensorFlow's in-process tests, one pytest
 #: process) runs this much nicer: Linux shares the two cores per thread, and
@@ -150,7 +163,7 @@ JAX_TEST_COMPILE = XLA_FLAGS="--xla_backend_optimization_level=0 $$XLA_FLAGS"
 TEST_STARTUP = PYTHONPATH=$(CURDIR)/tests/startup$${PYTHONPATH:+:$$PYTHONPATH} KERAS_DIST_TEST_TF_GRAPPLER=off
 test:
 	@rm -rf $(TEST_LOGS); mkdir -p $(TEST_LOGS)/durations; start=$$SECONDS; \
-	{ $(MAKE) --no-print-directory -j2 install-jax install-tensorflow && \
+	{ $(MAKE) --no-print-directory -j2 install-jax install-tensorflow install-torch && \
 	  $(MAKE) --no-print-directory install; } > $(TEST_LOGS)/venvs.log 2>&1 || \
 	  { cat $(TEST_LOGS)/venvs.log; echo "== venvs failed after $$((SECONDS - start)) s"; exit 1; }; \
 	echo "== venvs ready after $$((SECONDS - start)) s"; \
@@ -220,6 +233,13 @@ test-tensorflow-processes: install-tensorflow
 
 test-tensorflow-processes-late: install-tensorflow
 	$(call TF_TESTS,processes-late,starts_processes,$(TF_PROCESSES_LATE))
+
+# The torch backend's tests (one replica per process: its own files, for now
+# tests/test_torch_backend.py with its 2-worker gloo jobs), in the torch-only venv.
+TORCH_TEST_FILES := tests/test_torch_backend.py
+test-torch: install-torch
+	$(call DURATIONS_FILE,torch) $(TEST_STARTUP) KERAS_BACKEND=torch KERAS_DIST_SINGLE_BACKEND=torch \
+	  $(VENV_TORCH)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-torch $(TORCH_TEST_FILES)
 
 # $(call both-backends,NAME,PYTEST ARGUMENTS): one pytest run per backend,
 # side by side, each into .test-logs/NAME-<backend>.log (and its durations

@@ -66,7 +66,7 @@ from keras_dist import _launch_tasks as _tasks
 
 __all__ = ["free_ports", "launch", "main", "cli"]
 
-BACKENDS = ("jax", "tensorflow")
+BACKENDS = ("jax", "tensorflow", "torch")
 # Seconds between SIGTERM and SIGKILL when stopping workers.
 GRACE_SECONDS = 5.0
 # How often the launcher checks on its workers.

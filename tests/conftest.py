@@ -23,10 +23,11 @@ import keras_dist  # noqa: E402
 pytest_plugins = ["_suite_plugin"]  # durations file, --quick (make test-quick)
 from _suite_plugin import keep_only  # noqa: E402
 
-NUM_DEVICES = 4
-keras_dist.simulate_cpu_devices(NUM_DEVICES)
-
 BACKEND = keras.config.backend()
+
+#: Simulated CPU devices per process (torch: one; its replicas are processes).
+NUM_DEVICES = 1 if BACKEND == "torch" else 4
+keras_dist.simulate_cpu_devices(NUM_DEVICES)
 
 #: `make test` gives the JAX pytest processes of each part one persistent
 #: XLA compilation cache, new for each run (`.test-logs/jax-cache-<part>`),

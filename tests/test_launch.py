@@ -464,7 +464,7 @@ def test_sigterm_to_launcher_stops_workers(tmp_path, worker):
         (["-n", "2", "{missing}"], "script not found"),
         (["-n", "2", "--max-restarts", "-1", "{worker}"], "max_restarts"),
         (["-n", "2", "--max-time", "0", "{worker}"], "--max-time"),
-        (["-n", "2", "--backend", "torch", "{worker}"], "invalid choice"),
+        (["-n", "2", "--backend", "mxnet", "{worker}"], "invalid choice"),
         (["launch", "{worker}"], "-n"),
         ([], "usage"),
         (["-n", "2", "--local-ranks-filter", "2", "{worker}"], "--local-ranks-filter must name worker indices from 0 to 1"),

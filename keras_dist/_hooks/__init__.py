@@ -37,7 +37,8 @@ _MODEL = "keras.src.models.model:Model"
 _LOSS = "keras.src.losses"
 _JAX_TRAINER = "keras.src.backend.jax.trainer"
 _TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
-_JAX, _TF = ("jax",), ("tensorflow",)
+_TORCH_TRAINER = "keras.src.backend.torch.trainer:TorchTrainer"
+_JAX, _TF, _TORCH = ("jax",), ("tensorflow",), ("torch",)
 
 HOOKS: tuple = (
     # scope and entry checks
@@ -91,9 +92,15 @@ HOOKS: tuple = (
         purpose="replica step: this replica's rows of one device's dropout mask over the global batch",
     ),
     Hook(
+        "keras.src.backend.torch.random:dropout",
+        _random.wrap_dropout,
+        _TORCH,
+        purpose="replica step: this replica's rows of one device's dropout mask over the global batch",
+    ),
+    Hook(
         f"{_TRAINER}._aggregate_additional_loss",
         _losses.wrap_additional_loss,
-        _JAX,
+        _JAX + _TORCH,
         purpose="replica step: scale regularization like the loss",
     ),
     Hook(
@@ -173,6 +180,12 @@ HOOKS: tuple = (
         _JAX,
         purpose="multi-process: values placed on the mesh are the chief's; each placed exactly as its layout says",
     ),
+    Hook(
+        "keras.src.backend.torch.core:Variable._initialize",
+        _variables.wrap_initialize,
+        _TORCH,
+        purpose="multi-process: a new variable's initial value is the chief's",
+    ),
     *(
         Hook(
             f"keras.src.layers.layer:Layer.{name}",
@@ -189,6 +202,11 @@ HOOKS: tuple = (
         for kind in ("train", "test", "predict")
     ),
     Hook(f"{_JAX_TRAINER}:_distribute_data", _steps.wrap_distribute_data, _JAX, purpose="leave batches to the step"),
+    *(
+        Hook(f"{_TORCH_TRAINER}.make_{kind}_function", _steps.wrap_make_function(kind), _TORCH,
+             purpose="the adapter's step")
+        for kind in ("train", "test", "predict")
+    ),
     *(
         Hook(f"{_TF_TRAINER}.make_{kind}_function", _steps.wrap_make_function(kind), _TF,
              purpose="the adapter's step")

@@ -25,7 +25,7 @@ class Hook:
 
     target: str
     wrap: Callable
-    backends: tuple = ("jax", "tensorflow")
+    backends: tuple = ("jax", "tensorflow", "torch")
     purpose: str = ""
 
 

@@ -49,3 +49,17 @@ def wrap_trainable_variables(original):
         return listed
 
     return HookedProperty(trainable, doc=original.__doc__)
+
+
+def wrap_initialize(original):
+    """A backend's `Variable._initialize(value)` (torch): in a multi-process
+    job, under a strategy, a new variable takes the chief's initial value, so
+    every worker starts from the chief's weights without reseeding."""
+
+    def _initialize(self, value):
+        adapter = get_adapter()
+        if _context.current_strategy() is not None and adapter.is_multi_process():
+            (value,) = adapter.values_from_chief([value])
+        return original(self, value)
+
+    return _initialize

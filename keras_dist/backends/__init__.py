@@ -38,7 +38,11 @@ __all__ = [
 ]
 
 #: Keras backend name -> the module whose `ADAPTER` serves it.
-SUPPORTED = {"jax": "keras_dist.backends.jax", "tensorflow": "keras_dist.backends.tensorflow"}
+SUPPORTED = {
+    "jax": "keras_dist.backends.jax",
+    "tensorflow": "keras_dist.backends.tensorflow",
+    "torch": "keras_dist.backends.torch",
+}
 _adapters: dict[str, BackendAdapter] = {}
 
 
@@ -56,8 +60,8 @@ def get_adapter() -> BackendAdapter:
         if name not in SUPPORTED:
             raise NotImplementedError(
                 f"keras_dist supports the backends {sorted(SUPPORTED)}; Keras "
-                f"is running on {name!r}. Set KERAS_BACKEND=jax or "
-                "KERAS_BACKEND=tensorflow before importing keras."
+                f"is running on {name!r}. Set KERAS_BACKEND=jax, "
+                "tensorflow or torch before importing keras."
             )
         adapter = importlib.import_module(SUPPORTED[name]).ADAPTER
         check_conforms(adapter)

@@ -150,6 +150,16 @@ def _note_one_replica(device: str) -> None:
     if _noted_one_replica:
         return
     _noted_one_replica = True
+    from keras_dist.backends import backend_name
+
+    if backend_name() == "torch":  # a replica is a process there
+        _logger.warning(
+            "MirroredStrategy() found one device (%s), so it runs one replica. On the torch backend a replica is a "
+            "process: run several with `keras-dist launch -n N --backend torch script.py` and "
+            "keras_dist.MultiWorkerMirroredStrategy() in the script.",
+            device,
+        )
+        return
     _logger.warning(
         "MirroredStrategy() found one device (%s), so it runs one replica. "
         "To try several replicas on this host's CPU, call "

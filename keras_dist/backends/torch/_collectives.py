@@ -1,0 +1,143 @@
+"""PyTorch: the collectives keras_dist needs, from `torch.distributed`.
+
+Sums that gradients flow through (BatchNormalization's global moments, an
+`all_reduce` inside `strategy.run`) use `torch.distributed.nn`'s
+differentiable ones; the rest the plain ones. Lists of tensors travel
+packed: one flat buffer per dtype and device, one all-reduce each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _packed(values, reduce_one):
+    values = list(values)
+    out = list(values)
+    groups = {}
+    for index, value in enumerate(values):
+        if value is None:
+            continue
+        groups.setdefault((value.dtype, value.device), []).append(index)
+    for indices in groups.values():
+        flat = torch.cat([values[i].reshape(-1) for i in indices])
+        total = reduce_one(flat)
+        offset = 0
+        for i in indices:
+            size = values[i].numel()
+            out[i] = total[offset : offset + size].reshape(values[i].shape)
+            offset += size
+    return out
+
+
+def _summable(tensor):
+    return tensor.to(torch.int32) if tensor.dtype == torch.bool else tensor
+
+
+def all_reduce_sum(values, differentiable: bool = False):
+    """Every value summed over the job's processes (one all-reduce per dtype);
+    `values` unchanged in a process of its own."""
+    values = [None if v is None else _summable(torch.as_tensor(v)) for v in values]
+    if world_size() == 1:
+        return values
+    if differentiable:
+        return _packed(values, _SumOverProcesses.apply)
+    return _packed(values, _summed)
+
+
+def _summed(flat):
+    flat = flat.detach().clone()
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    return flat
+
+
+class _SumOverProcesses(torch.autograd.Function):
+    """`dist.all_reduce` (sum) that gradients flow through: the gradient of
+    a sum over the processes is the sum of their gradients."""
+
+    @staticmethod
+    def forward(ctx, flat):
+        return _summed(flat)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _summed(grad)
+
+
+class _GatherOverProcesses(torch.autograd.Function):
+    """`dist.all_gather` of equal-shaped tensors, stacked in rank order, that
+    gradients flow through (each process's part gets the sum over the
+    processes of its slice's gradient)."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        parts = [torch.empty_like(tensor) for _ in range(world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _summed(grad)[dist.get_rank()]
+
+
+def all_reduce(values, op: str, differentiable: bool = False):
+    """"SUM", "MEAN", "MAX" or "MIN" of every value over the job."""
+    if op == "SUM":
+        return all_reduce_sum(values, differentiable)
+    if op == "MEAN":
+        n = world_size()
+        return [None if v is None else v / n for v in all_reduce_sum(values, differentiable)]
+    reduce_op = {"MAX": dist.ReduceOp.MAX, "MIN": dist.ReduceOp.MIN}[op]
+    out = []
+    for value in values:
+        value = torch.as_tensor(value).detach().clone()
+        if world_size() > 1:
+            dist.all_reduce(value, op=reduce_op)
+        out.append(value)
+    return out
+
+
+def all_gather_rows(tensor, axis: int, differentiable: bool = False):
+    """Every process's `tensor` concatenated along `axis` in rank order; the
+    processes' sizes along `axis` may differ (padded to travel)."""
+    tensor = torch.as_tensor(tensor)
+    n = world_size()
+    if n == 1:
+        return tensor
+    if tensor.ndim == 0:
+        tensor = tensor.reshape(1)
+        axis = 0
+    axis = axis % tensor.ndim
+    size = torch.tensor([tensor.shape[axis]], dtype=torch.int64, device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(n)]
+    dist.all_gather(sizes, size)
+    sizes = [int(s.item()) for s in sizes]
+    longest = max(sizes)
+    if tensor.shape[axis] < longest:
+        pad_shape = list(tensor.shape)
+        pad_shape[axis] = longest - tensor.shape[axis]
+        tensor = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=axis)
+    if differentiable:
+        parts = list(_GatherOverProcesses.apply(tensor))
+    else:
+        parts = [torch.empty_like(tensor) for _ in range(n)]
+        dist.all_gather(parts, tensor.contiguous())
+    parts = [part.narrow(axis, 0, rows) for part, rows in zip(parts, sizes)]
+    return torch.cat(parts, dim=axis)
+
+
+def broadcast_from_first(values):
+    """Rank 0's values of these tensors, on every process."""
+    if world_size() == 1:
+        return list(values)
+    out = []
+    for value in values:
+        value = torch.as_tensor(value).detach().clone().contiguous()
+        dist.broadcast(value, src=0)
+        out.append(value)
+    return out

@@ -1,0 +1,175 @@
+"""PyTorch: the steps behind `fit`, `evaluate` and `predict` in a job of
+several processes (one replica each).
+
+Every process receives the whole global batch and runs Keras' own step on
+its contiguous rows (`keras_dist._split`): the loss hooks scale its loss by
+its share of the global batch, BatchNormalization takes the global batch's
+moments, and the optimizer's gradients are summed over the processes (one
+packed all-reduce, `sum_gradients_for_apply`) before Keras clips and applies
+them, so every process applies the update one device would. Metric
+variables are then combined over the processes by their aggregation, so
+each holds the global batch's, and the logs are computed from them.
+`predict` gathers every process's rows, in order.
+
+With one replica (OneDevice, Mirrored or CentralStorage of one device)
+Keras' own step is the one-device math: `make_trainer_function` is None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import torch
+
+from keras_dist import _heartbeat as heartbeat
+from keras_dist import _metric_state, _moments, _shard
+from keras_dist._engine_kind import EngineKind
+from keras_dist._split import shard_bounds
+from keras_dist.backends.torch import _cluster, _collectives
+
+
+def _rows(data) -> int:
+    first = next((x for x in keras.tree.flatten(data) if x is not None), None)
+    return 0 if first is None else int(first.shape[0])
+
+
+def _local_rows(engine, data):
+    rows = _rows(data)
+    start, stop = shard_bounds(rows, engine.num_replicas)[engine.replica_id]
+    local = keras.tree.map_structure(lambda x: None if x is None else x[start:stop], data)
+    return _shard.Shard(stop - start, rows, start, replicas=engine.num_replicas), local
+
+
+def _mean_over_replicas(value):
+    (mean,) = _collectives.all_reduce([torch.as_tensor(value)], "MEAN")
+    return mean
+
+
+@contextlib.contextmanager
+def _unscaled_loss_tracker(model):
+    """Keras' torch steps give the loss tracker the loss as scaled for the
+    gradient (this replica's share of the global batch's); it takes the
+    replica's own mean back (TensorFlow's trainer unscales it likewise), so
+    the tracker's combined total is the global batch's."""
+    tracker = getattr(model, "_loss_tracker", None)
+    if tracker is None:
+        yield
+        return
+    update = tracker.update_state
+
+    def update_state(values, sample_weight=None):
+        factor = _shard.unscale_factor(keras.backend.standardize_dtype(values.dtype))
+        return update(values if factor is None else values * factor, sample_weight=sample_weight)
+
+    object.__setattr__(tracker, "update_state", update_state)
+    try:
+        yield
+    finally:
+        object.__delattr__(tracker, "update_state")
+
+
+def _draws_random_numbers(model) -> bool:
+    return any(getattr(layer, "_seed_generators", None) for layer in model._flatten_layers())
+
+
+class TorchStep:
+    """Keras' ``{train,test}_function(data)`` for one replica of several:
+    `data` is Keras' list of one global batch."""
+
+    def __init__(self, model, engine, kind: str):
+        self.model, self.engine, self.kind = model, engine, kind
+
+    def __call__(self, data):
+        heartbeat.beat()
+        (batch,) = data
+        model = self.model
+        if self.kind == "train" and _draws_random_numbers(model):
+            _cluster.random_state_from_chief()
+        shard, local = _local_rows(self.engine, batch)
+        variables = list(model.metrics_variables)
+        starts = [torch.clone(v.value.detach()) for v in variables]
+        with _shard.shard_scope(shard), _unscaled_loss_tracker(model):
+            if self.kind == "train":
+                logs = model.train_step(local)
+            else:
+                with torch.no_grad():
+                    logs = model.test_step(local)
+        with torch.no_grad():
+            combined = _metric_state.combine_by_aggregation(
+                variables,
+                [v.value for v in variables],
+                _collectives.all_reduce_sum,
+                torch.tensor(self.engine.replica_id == 0),
+                self.engine.num_replicas,
+                starts=starts,
+            )
+            for variable, value in zip(variables, combined):
+                variable.assign(value)
+            return _metric_state.global_logs(
+                logs, variables, lambda: combined, model.get_metrics_result, _mean_over_replicas
+            )
+
+
+class TorchPredict:
+    """Keras' ``predict_function(data)``: every process predicts its rows,
+    and each gets every row back, in order."""
+
+    def __init__(self, model, engine):
+        self.model, self.engine = model, engine
+
+    def __call__(self, data):
+        heartbeat.beat()
+        (batch,) = data
+        shard, local = _local_rows(self.engine, batch)
+        with torch.no_grad(), _shard.shard_scope(shard):
+            outputs = self.model.predict_step(local)
+        return keras.tree.map_structure(lambda x: _collectives.all_gather_rows(x, 0), outputs)
+
+
+def make_trainer_function(model, strategy, kind: str):
+    """Keras' ``{kind}_function`` for `model` under `strategy`; None with one
+    replica (Keras' own step is one device's)."""
+    if strategy.extended.engine_kind is EngineKind.PARAMETER_SERVER:
+        raise NotImplementedError("ParameterServerStrategy is not supported on the torch backend.")
+    engine = strategy.extended.engine
+    if engine.num_replicas == 1:
+        return None
+    if model.steps_per_execution > 1:
+        raise ValueError(
+            "`steps_per_execution` must be 1 with the PyTorch backend (Keras' torch trainer runs one batch a "
+            f"step). Received: steps_per_execution={model.steps_per_execution}."
+        )
+    if model.jit_compile:
+        raise ValueError(
+            "compile(jit_compile=True) under a strategy of several processes on the torch backend: keras_dist runs "
+            "Keras' torch step eagerly there (torch.compile of a step with collectives is not supported). Compile "
+            "with jit_compile=False (Keras' default on torch)."
+        )
+    if kind == "predict":
+        return TorchPredict(model, engine)
+    return TorchStep(model, engine, kind)
+
+
+def global_moments(inputs, axes, mask):
+    """BatchNormalization moments over the global batch (see `keras_dist._moments`)."""
+    return _moments.global_moments(inputs, axes, mask, lambda values: _collectives.all_reduce_sum(values, True))
+
+
+class _SumGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *values):
+        return tuple(v.view_as(v) for v in values)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return tuple(_collectives.all_reduce_sum(list(grads)))
+
+
+def sum_gradients_over_replicas(values):
+    """Identity on `values`; their gradients are summed over the processes
+    in the backward pass (one packed all-reduce)."""
+    values = list(values)
+    if _collectives.world_size() == 1 or not values:
+        return values
+    return list(_SumGradients.apply(*values))

@@ -1,0 +1,199 @@
+"""The torch backend (`KERAS_BACKEND=torch`, `make test-torch`): one replica
+per process (torch.distributed's model).
+
+In one process: OneDevice, Mirrored and CentralStorage of the one device
+train as plain Keras does, bit for bit, built lazily or eagerly; what torch
+cannot do is one clear error. Across processes: a 2-worker job
+(tests/workers/mw_torch.py, gloo on 127.0.0.1) trains an MLP with
+BatchNormalization, Dropout and clipnorm through fit/evaluate/predict and a
+custom loop, and each worker compares itself with one device from the same
+seed; reverting any torch hook changes what that job sees.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_dist
+from conftest import BACKEND
+
+pytestmark = pytest.mark.skipif(BACKEND != "torch", reason="the torch backend (make test-torch)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "workers", "mw_torch.py")
+
+
+def _data():
+    rng = np.random.RandomState(0)
+    x = rng.randn(50, 5).astype("float32")
+    return x, (x @ rng.randn(5, 1)).astype("float32")
+
+
+def _model(build):
+    keras.utils.set_random_seed(3)
+    layers = [keras.layers.Dense(8, activation="relu"), keras.layers.BatchNormalization(),
+              keras.layers.Dropout(0.2), keras.layers.Dense(1)]
+    model = keras.Sequential(([keras.Input((5,))] if build == "eager" else []) + layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+def _train(model):
+    x, y = _data()
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    return history, model.evaluate(x, y, batch_size=7, verbose=0), model.predict(x, batch_size=7, verbose=0), model.get_weights()
+
+
+ONE_PROCESS = {
+    "one_device": lambda: keras_dist.OneDeviceStrategy("cpu:0"),
+    "mirrored": lambda: keras_dist.MirroredStrategy(),
+    "central_storage": lambda: keras_dist.experimental.CentralStorageStrategy(),
+    "multi_worker_of_one": lambda: keras_dist.MultiWorkerMirroredStrategy(),
+}
+
+
+@pytest.mark.parametrize("build", ["lazy", "eager"])
+@pytest.mark.parametrize("name", sorted(ONE_PROCESS))
+def test_one_process_strategies_train_as_plain_keras(name, build):
+    strategy = ONE_PROCESS[name]()
+    assert strategy.num_replicas_in_sync == 1
+    with strategy.scope():
+        model = _model(build)
+    got = _train(model)
+    want = _train(_model(build))
+    assert got[0] == want[0] and got[1] == want[1]
+    np.testing.assert_array_equal(got[2], want[2])
+    for a, b in zip(got[3], want[3]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_one_process_custom_loop_as_plain_keras():
+    strategy = keras_dist.MirroredStrategy()
+    x, y = _data()
+    with strategy.scope():
+        model = _model("eager")
+    losses = []
+    for xb, yb in strategy.experimental_distribute_dataset([(x[:16], y[:16]), (x[16:26], y[16:26])]):
+        def step(a, b):
+            loss = keras_dist.compute_average_loss(keras.losses.mean_squared_error(b, model(a)), global_batch_size=16)
+            return loss
+
+        per_replica = strategy.run(step, args=(xb, yb))
+        losses.append(float(strategy.reduce("SUM", per_replica, axis=None).detach()))
+    reference = _model("eager")
+    want = float(keras.ops.sum(keras.losses.mean_squared_error(y[:16], reference(x[:16]))) / 16)
+    assert losses[0] == pytest.approx(want, abs=1e-6)
+    assert strategy.gather(strategy.run(lambda a: a, args=(next(iter(strategy.experimental_distribute_dataset([(x[:3],)])))[0],)), axis=0).shape == (3, 5)
+
+
+def test_what_torch_cannot_do_is_one_clear_error():
+    with pytest.raises(ValueError, match="keras-dist launch -n 2 --backend torch"):
+        keras_dist.simulate_cpu_devices(2)
+    with pytest.raises(NotImplementedError, match="not supported on the torch backend"):
+        keras_dist.experimental.ParameterServerStrategy(
+            keras_dist.cluster_resolver.SimpleClusterResolver(
+                {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "chief": ["127.0.0.1:3"]}, task_type="chief"
+            )
+        )
+    strategy = keras_dist.experimental.CentralStorageStrategy()
+    with strategy.scope():
+        model = _model("eager")
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    x, y = _data()
+    with pytest.raises(ValueError, match="must be 1 with the PyTorch backend"):  # Keras' own rule on torch
+        model.fit(x, y, batch_size=16, verbose=0)
+
+
+def test_the_adapter_conforms_and_lacks_only_optional_capabilities():
+    from keras_dist.backends import check_conforms, get_adapter
+
+    adapter = get_adapter()
+    check_conforms(adapter)
+    assert adapter.name == "torch"
+    assert adapter.create_coordinator is None and adapter.distribute_dataset_natively is None
+    assert adapter.apply_optimizer is not None
+
+
+def _launch(out_dir, build, hook=None, timeout=180):
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", str(timeout),
+               WORKER, str(out_dir), build] + ([hook] if hook else [])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout + 30)
+    return done
+
+
+@pytest.fixture(scope="module")
+def torch_jobs(tmp_path_factory):
+    """One 2-worker job per build, run once for the module."""
+    results = {}
+
+    def job(build):
+        if build not in results:
+            out = tmp_path_factory.mktemp(f"torch-{build}")
+            done = _launch(out, build)
+            assert done.returncode == 0, done.stdout + done.stderr
+            results[build] = [json.load(open(out / f"worker{i}.json")) for i in range(2)]
+        return results[build]
+
+    return job
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("build", ["lazy", "eager"])
+def test_two_workers_train_as_one_device(torch_jobs, build):
+    for result in torch_jobs(build):
+        assert result["replicas"] == 2
+        assert result["fit_weights"] < 1e-5, result
+        np.testing.assert_allclose(*result["fit_loss"], rtol=1e-5)
+        np.testing.assert_allclose(*result["fit_mae"], rtol=1e-5)
+        np.testing.assert_allclose(*result["evaluate"], rtol=1e-5)
+        assert result["predict"] < 1e-5 and result["predict_rows"] == 50
+        # batches of 7 (and a last of 1): worker 0 takes 4 rows of each, worker 1 3 (and none of the last)
+        assert result["rows_seen"] == ({"evaluate": 29, "predict": 29} if result is torch_jobs(build)[0]
+                                       else {"evaluate": 21, "predict": 21})
+        assert result["loop_weights"] < 1e-5, result
+        np.testing.assert_allclose(*result["loop_losses"], rtol=1e-5)
+        np.testing.assert_allclose(*result["loop_metric"], rtol=1e-5)
+        x, _ = _data()
+        np.testing.assert_allclose(result["gathered"], x[:7] * 2.0, rtol=1e-6)
+
+
+TORCH_HOOKS = [
+    "keras.src.backend.torch.random:dropout",
+    "keras.src.backend.torch.core:Variable._initialize",
+    *(f"keras.src.backend.torch.trainer:TorchTrainer.make_{k}_function" for k in ("train", "test", "predict")),
+]
+
+
+def _mismatches(results):
+    first = results[0]
+    bad = []
+    if [r["rows_seen"] for r in results] != [{"evaluate": 29, "predict": 29}, {"evaluate": 21, "predict": 21}]:
+        bad.append("rows each worker evaluated or predicted")
+    if first["fit_weights"] >= 1e-5:
+        bad.append("fit weights")
+    if not np.allclose(*first["evaluate"], rtol=1e-5):
+        bad.append("evaluate")
+    if first["predict"] >= 1e-5 or first["predict_rows"] != 50:
+        bad.append("predict")
+    return bad
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("target", TORCH_HOOKS)
+def test_every_torch_hook_changes_behaviour(target, tmp_path, torch_jobs):
+    """Reverting one torch hook alone (tests/test_hooks.py's liveness rule,
+    with a job for a probe) breaks the job's match with one device, or the job."""
+    assert not _mismatches(torch_jobs("lazy"))
+    done = _launch(tmp_path, "lazy", target)
+    assert all((tmp_path / f"reverted{i}").exists() for i in range(2)), done.stdout + done.stderr
+    if done.returncode != 0:  # the job fails without the hook (make_train_function: Keras' own step is refused)
+        assert "Traceback" in done.stdout + done.stderr
+        return
+    results = [json.load(open(tmp_path / f"worker{i}.json")) for i in range(2)]
+    assert _mismatches(results), (target, results[0])

@@ -1,0 +1,154 @@
+"""A worker of the torch backend's multi-process test job (tests/test_torch_backend.py).
+
+Runs, under MultiWorkerMirroredStrategy (one replica per process, gloo),
+and then again as plain one-device Keras from the same seed (the chief's
+initial values are the seed's: every worker takes them):
+
+- fit / evaluate / predict of an MLP with BatchNormalization and Dropout,
+  SGD with clipnorm, 50 rows in global batches of 16 (uneven, a partial
+  last batch of 2), evaluate and predict in batches of 7 (a last batch of
+  1 row: one replica gets none); built lazily or eagerly (argv);
+- a custom loop: experimental_distribute_dataset, strategy.run with
+  autograd and optimizer.apply, compute_average_loss, a metric updated
+  inside run, strategy.reduce and strategy.gather.
+
+argv: OUT_DIR BUILD(lazy|eager) [HOOK]. Writes OUT_DIR/worker<i>.json: the
+largest differences from one device, the logs of both, and the gathered
+rows. With HOOK (a target of keras_dist._hooks.HOOKS), that one hook is
+reverted to Keras' original first: the hooks' liveness probe on torch.
+"""
+
+import json
+import os
+import sys
+
+out_dir, build = sys.argv[1], sys.argv[2]
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+import torch  # noqa: E402
+
+import keras_dist  # noqa: E402
+
+strategy = keras_dist.MultiWorkerMirroredStrategy(
+    communication_options=keras_dist.CommunicationOptions(timeout_seconds=60)
+)
+index = strategy.cluster_resolver.task_id
+if len(sys.argv) > 3:  # the hooks are installed by now
+    from keras_dist import _hooks
+
+    owner, name = _hooks.resolve(sys.argv[3])
+    setattr(owner, name, _hooks.ORIGINALS[sys.argv[3]])
+    os.makedirs(out_dir, exist_ok=True)
+    open(os.path.join(out_dir, f"reverted{index}"), "w").close()
+rng = np.random.RandomState(0)
+x = rng.randn(50, 5).astype("float32")
+y = (x @ rng.randn(5, 1) + 0.1).astype("float32")
+
+
+#: Rows each model call saw, by phase (evaluate and predict: this worker's share).
+rows_seen = {"phase": None}
+
+
+class CountRows(keras.layers.Layer):
+    def call(self, inputs):
+        phase = rows_seen["phase"]
+        if phase is not None:
+            rows_seen[phase] = rows_seen.get(phase, 0) + int(inputs.shape[0])
+        return inputs
+
+
+def make_model(seed=7):
+    keras.utils.set_random_seed(seed)
+    layers = [
+        CountRows(),
+        keras.layers.Dense(8, activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dropout(0.25),
+        keras.layers.Dense(1),
+    ]
+    model = keras.Sequential(([keras.Input((5,))] if build == "eager" else []) + layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, clipnorm=1.0), loss="mse", metrics=["mae"])
+    return model
+
+
+def fit_evaluate_predict(model):
+    history = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    rows_seen["phase"] = "evaluate"
+    evaluated = model.evaluate(x, y, batch_size=7, verbose=0)
+    rows_seen["phase"] = "predict"
+    predicted = model.predict(x, batch_size=7, verbose=0)
+    rows_seen["phase"] = None
+    return history, evaluated, predicted, model.get_weights()
+
+
+def custom_loop(model, run_strategy):
+    """tf's custom-loop recipe on the torch backend: autograd in each replica."""
+    optimizer = keras.optimizers.SGD(0.1)
+    metric = keras.metrics.Mean()
+    global_batch = 12
+    dataset = [(x[i : i + global_batch], y[i : i + global_batch]) for i in range(0, 50, global_batch)]
+    loss_fn = keras.losses.MeanSquaredError(reduction=None)
+
+    def step(xb, yb):
+        predictions = model(xb, training=False)
+        per_example = loss_fn(yb, predictions)
+        loss = keras_dist.compute_average_loss(per_example, global_batch_size=global_batch)
+        model.zero_grad()
+        loss.backward()
+        variables = model.trainable_weights
+        optimizer.apply([v.value.grad for v in variables], variables)
+        metric.update_state(per_example.detach())
+        return loss.detach()
+
+    losses = []
+    gathered = None
+    for epoch in range(2):
+        for xb, yb in run_strategy.experimental_distribute_dataset(dataset):
+            per_replica = run_strategy.run(step, args=(xb, yb))
+            losses.append(float(run_strategy.reduce("SUM", per_replica, axis=None)))
+        rows = run_strategy.experimental_distribute_dataset([(x[:7],)])
+        for (xb,) in rows:
+            gathered = run_strategy.gather(run_strategy.run(lambda a: a * 2.0, args=(xb,)), axis=0)
+    return losses, float(metric.result()), keras.ops.convert_to_numpy(gathered), model.get_weights()
+
+
+with strategy.scope():  # unseeded workers, in effect: each its own seed; the chief's values win
+    model = make_model(seed=7 + index)
+history, evaluated, predicted, weights = fit_evaluate_predict(model)
+shares = {phase: rows_seen.pop(phase, 0) for phase in ("evaluate", "predict")}
+with strategy.scope():
+    loop_model = make_model()
+    loop_model.build((None, 5))
+loop_losses, loop_metric, gathered, loop_weights = custom_loop(loop_model, strategy)
+
+# one device, the same seed
+reference = make_model()
+ref_history, ref_evaluated, ref_predicted, ref_weights = fit_evaluate_predict(reference)
+ref_loop_model = make_model()
+ref_loop_model.build((None, 5))
+ref_losses, ref_metric, ref_gathered, ref_loop_weights = custom_loop(ref_loop_model, keras_dist.get_strategy())
+
+
+def largest(a, b):
+    return max(float(np.max(np.abs(np.asarray(p) - np.asarray(q)))) for p, q in zip(a, b))
+
+
+result = {
+    "replicas": strategy.num_replicas_in_sync,
+    "fit_weights": largest(weights, ref_weights),
+    "fit_loss": [history["loss"], ref_history["loss"]],
+    "fit_mae": [history["mae"], ref_history["mae"]],
+    "evaluate": [evaluated, ref_evaluated],
+    "predict": largest([predicted], [ref_predicted]),
+    "predict_rows": int(predicted.shape[0]),
+    "rows_seen": shares,
+    "loop_weights": largest(loop_weights, ref_loop_weights),
+    "loop_losses": [loop_losses, ref_losses],
+    "loop_metric": [loop_metric, ref_metric],
+    "gathered": gathered.tolist(),
+    "torch": torch.__version__,
+}
+os.makedirs(out_dir, exist_ok=True)
+with open(os.path.join(out_dir, f"worker{index}.json"), "w") as handle:
+    json.dump(result, handle)

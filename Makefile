@@ -236,7 +236,7 @@ test-tensorflow-processes-late: install-tensorflow
 
 # The torch backend's tests (one replica per process: its own files, for now
 # tests/test_torch_backend.py with its 2-worker gloo jobs), in the torch-only venv.
-TORCH_TEST_FILES := tests/test_torch_backend.py
+TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_cluster_resolver.py
 test-torch: install-torch
 	$(call DURATIONS_FILE,torch) $(TEST_STARTUP) KERAS_BACKEND=torch KERAS_DIST_SINGLE_BACKEND=torch \
 	  $(VENV_TORCH)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-torch $(TORCH_TEST_FILES)

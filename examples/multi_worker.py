@@ -1,10 +1,12 @@
 """Multi-worker training on the digits dataset, checked against one device.
 
-Run two workers on this machine (each worker simulates 2 CPU devices, so 4
-replicas in all), on either backend:
+Run two workers on this machine (on JAX and TensorFlow each worker
+simulates 2 CPU devices, so 4 replicas in all; on torch a replica is a
+process, so 2), on any backend:
 
     keras-dist launch -n 2 --backend jax examples/multi_worker.py
     keras-dist launch -n 2 --backend tensorflow examples/multi_worker.py
+    keras-dist launch -n 2 --backend torch examples/multi_worker.py
 
 With ``--seed N`` every run trains bit-identical weights (the chief prints
 their sha256). With ``--backup-dir DIR`` the distributed run keeps a BackupAndRestore
@@ -35,7 +37,10 @@ import keras_dist  # noqa: E402
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--devices", type=int, default=2, help="simulated CPU devices per worker")
+    parser.add_argument(
+        "--devices", type=int, default=1 if keras.config.backend() == "torch" else 2,
+        help="simulated CPU devices per worker (torch: 1, its replicas are processes)",
+    )
     parser.add_argument("--backup-dir", help="BackupAndRestore directory (shared by the workers)")
     parser.add_argument("--seed", type=int, help="seed everything first (keras.utils.set_random_seed)")
     args = parser.parse_args(argv)

@@ -23,7 +23,7 @@ from keras_dist.cluster_resolver import (
     SlurmClusterResolver,
     TFConfigClusterResolver,
 )
-from keras_dist.cluster_resolver import _cluster_spec, _resolvers, _slurm
+from keras_dist.cluster_resolver import _cluster_spec, _resolvers, _slurm, _torchrun
 from keras_dist.cluster_resolver._slurm import expand_hostlist, expand_tasks_per_node
 
 PACKAGE_DIR = Path(_cluster_spec.__file__).resolve().parent
@@ -618,7 +618,7 @@ def test_slurm_auto_set_gpu_off(monkeypatch):
 # Docs and imports
 
 
-@pytest.mark.parametrize("module", [_cluster_spec, _resolvers, _slurm], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [_cluster_spec, _resolvers, _slurm, _torchrun], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
@@ -641,7 +641,7 @@ def test_public_classes_have_examples_and_hints():
             assert set(hints) >= set(inspect.signature(cls).parameters), f"{name} lacks hints"
 
 
-BACKENDS = {"jax", "jaxlib", "tensorflow", "keras", "numpy", "tf_keras"}
+BACKENDS = {"jax", "jaxlib", "tensorflow", "keras", "numpy", "tf_keras", "torch"}
 
 
 def test_modules_import_only_the_standard_library():
@@ -680,3 +680,61 @@ def test_import_loads_no_backend():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# -- torchrun -------------------------------------------------------------------
+
+_TORCHRUN = {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+def test_torchrun_resolver_reads_torchruns_variables():
+    from keras_dist.cluster_resolver import TorchrunClusterResolver
+
+    resolver = TorchrunClusterResolver(environ=_TORCHRUN)
+    assert (resolver.num_workers, resolver.worker_index, resolver.is_chief) == (3, 1, False)
+    assert (resolver.task_type, resolver.task_id, resolver.local_rank) == ("worker", 1, 1)
+    assert resolver.chief_address == resolver.master() == "10.0.0.1:29500"
+    assert resolver.worker_addresses_known is False
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"RANK": None}, "RANK not set"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not a non-negative integer"),
+        ({"RANK": "3"}, "RANK=3 is not a rank of WORLD_SIZE=3"),
+    ],
+)
+def test_torchrun_resolver_names_what_is_wrong(change, message):
+    from keras_dist.cluster_resolver import TorchrunClusterResolver
+
+    environ = {k: v for k, v in {**_TORCHRUN, **change}.items() if v is not None}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TorchrunClusterResolver(environ=environ)
+
+
+def test_multi_worker_strategy_reads_torchrun_where_tf_config_is_unset(monkeypatch):
+    from keras_dist.strategies._multi_worker import _default_resolver
+    from keras_dist.cluster_resolver import TorchrunClusterResolver
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for name, value in _TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    assert isinstance(_default_resolver(), TorchrunClusterResolver)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}))
+    assert isinstance(_default_resolver(), TFConfigClusterResolver)
+
+
+def test_engines_that_need_every_address_refuse_a_torchrun_job():
+    """JAX and TensorFlow need each worker's address (tf's gRPC servers, JAX's
+    coordinator): one clear error, before anything joins."""
+    import keras
+
+    import keras_dist
+    from keras_dist.cluster_resolver import TorchrunClusterResolver
+
+    resolver = TorchrunClusterResolver(environ={**_TORCHRUN, "RANK": "0"})
+    if keras.config.backend() == "torch":
+        pytest.skip("torch joins a torchrun job (tests/test_torch_backend.py)")
+    with pytest.raises(ValueError, match="torchrun names only its rendezvous address"):
+        keras_dist.MultiWorkerMirroredStrategy(cluster_resolver=resolver)

@@ -197,3 +197,23 @@ def test_every_torch_hook_changes_behaviour(target, tmp_path, torch_jobs):
         return
     results = [json.load(open(tmp_path / f"worker{i}.json")) for i in range(2)]
     assert _mismatches(results), (target, results[0])
+
+
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "multi_worker.py")
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("launcher", ["keras-dist launch", "torchrun"])
+def test_the_multi_worker_example_matches_one_device(launcher):
+    """examples/multi_worker.py, unchanged from JAX and TensorFlow (a CNN with
+    BatchNormalization on the digits, 50-row global batches over 2
+    processes), started by keras_dist's launcher or by torchrun."""
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    if launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", EXAMPLE]
+    else:
+        command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", "240", EXAMPLE]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "2 workers, 2 replicas in sync" in output and "MATCH: multi-worker training vs one device" in output, output

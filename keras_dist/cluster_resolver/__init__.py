@@ -22,6 +22,7 @@ from keras_dist.cluster_resolver._resolvers import (
     TFConfigClusterResolver,
 )
 from keras_dist.cluster_resolver._slurm import SlurmClusterResolver
+from keras_dist.cluster_resolver._torchrun import TorchrunClusterResolver
 from keras_dist.cluster_resolver._tpu import TPUClusterResolver
 from keras_dist.cluster_resolver._union import UnionResolver
 
@@ -34,6 +35,7 @@ __all__ = [
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
+    "TorchrunClusterResolver",
     "TPUClusterResolver",
     "UnionResolver",
 ]

@@ -44,6 +44,8 @@ def check_cluster_to_join(resolver: Any) -> None:
             f"not a worker of the cluster (its workers: {names}). Set the task to "
             "one of them."
         )
+    if not getattr(resolver, "worker_addresses_known", True):
+        return  # torchrun: one rendezvous address, not each worker's
     seen: dict[str, str] = {}
     for job, index in workers:
         address = spec.task_address(job, index)
@@ -87,3 +89,17 @@ def check_bindable(address: str, what: str) -> None:
         ) from None
     finally:
         probe.close()
+
+
+def check_worker_addresses_known(resolver: Any, backend: str) -> None:
+    """Raises ValueError naming the fix when `resolver` knows only one
+    rendezvous address (torchrun's) and this backend's engine needs every
+    worker's own (TensorFlow's gRPC servers; JAX's coordinator binds the
+    address torchrun's agent holds)."""
+    if resolver.num_workers > 1 and not getattr(resolver, "worker_addresses_known", True):
+        raise ValueError(
+            f"MultiWorkerMirroredStrategy on the {backend} backend in a torchrun job: torchrun names only its "
+            f"rendezvous address ({resolver.chief_address}), and the {backend} engine needs an address for every "
+            "worker. Start the job with `keras-dist launch -n N --backend "
+            f"{backend} script.py` (it sets TF_CONFIG), or run it on the torch backend."
+        )

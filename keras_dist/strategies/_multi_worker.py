@@ -54,12 +54,25 @@ class _MultiWorkerExtended(StrategyExtended):
         return self._resolver.worker_index
 
 
+def _default_resolver():
+    """TF_CONFIG's cluster (as keras-dist launch sets it); where TF_CONFIG is
+    unset and torchrun's variables are set, torchrun's."""
+    import os
+
+    from keras_dist.cluster_resolver import TFConfigClusterResolver
+    from keras_dist.cluster_resolver._torchrun import TorchrunClusterResolver, in_torchrun_job
+
+    if not os.environ.get("TF_CONFIG") and in_torchrun_job():
+        return TorchrunClusterResolver()
+    return TFConfigClusterResolver()
+
+
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous data parallelism over all devices of several workers.
 
     Every worker runs the same program; the cluster comes from
     `cluster_resolver` (default: the `TF_CONFIG` environment variable, as
-    set by `keras-dist launch`). `num_replicas_in_sync` counts the replicas
+    set by `keras-dist launch`; where it is unset, torchrun's variables). `num_replicas_in_sync` counts the replicas
     of all workers, and `batch_size` is the global batch: every worker
     passes the same full arrays and keras_dist gives each its share.
     Create it first thing in the program, before any computation.
@@ -75,10 +88,8 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def __init__(self, cluster_resolver: Any = None, communication_options: Any = None):
         from keras_dist._communication import CommunicationOptions
-        from keras_dist.cluster_resolver import TFConfigClusterResolver
-
         # TensorFlow: tf's own resolver and options are taken too (ported code)
-        resolver = _foreign.accept(cluster_resolver, "cluster_resolver") or TFConfigClusterResolver()
+        resolver = _foreign.accept(cluster_resolver, "cluster_resolver") or _default_resolver()
         options = _foreign.accept(communication_options, "communication_options") or CommunicationOptions()
         if not isinstance(options, CommunicationOptions):
             raise TypeError(

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from keras_dist._communication import exit_unless_joined, join_timeout_seconds
-from keras_dist.cluster_resolver._validate import check_bindable
+from keras_dist.cluster_resolver._validate import check_bindable, check_worker_addresses_known
 
 #: Seconds JAX's own join deadline leaves after keras_dist's watchdog.
 _JAX_JOIN_GRACE_SECONDS = 10
@@ -29,6 +29,7 @@ def initialize_multi_worker(resolver, options) -> None:
     """
     if resolver.num_workers <= 1 or _multi_worker["initialized"]:
         return
+    check_worker_addresses_known(resolver, "jax")
     if options.implementation.value == "NCCL" and not any(
         d.platform == "gpu" for d in jax.local_devices()
     ):

@@ -13,7 +13,7 @@ from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.eager import context as tf_context
 
-from keras_dist.cluster_resolver._validate import check_bindable
+from keras_dist.cluster_resolver._validate import check_bindable, check_worker_addresses_known
 from keras_dist._communication import did_not_join_error, exit_unless_joined, join_timeout_seconds
 from keras_dist.backends.tensorflow._strategies import _GlobalBatchMultiWorkerStrategy
 
@@ -50,6 +50,7 @@ def initialize_multi_worker(resolver, options) -> None:
     """
     if resolver.num_workers <= 1:
         return
+    check_worker_addresses_known(resolver, "tensorflow")
     jobs = {
         job: tasks
         for job, tasks in resolver.cluster_spec().as_dict().items()

@@ -54,15 +54,22 @@ def initialize_multi_worker(resolver, options) -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
         torch.cuda.set_device(local_rank)
     try:
-        store = dist.TCPStore(
-            host or "127.0.0.1",
-            int(port),
-            world_size=world,
-            is_master=rank == 0,
-            timeout=datetime.timedelta(seconds=float(join_timeout)),
-            wait_for_workers=True,
-        )
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        if getattr(resolver, "worker_addresses_known", True):
+            store = dist.TCPStore(
+                host or "127.0.0.1",
+                int(port),
+                world_size=world,
+                is_master=rank == 0,
+                timeout=datetime.timedelta(seconds=float(join_timeout)),
+                wait_for_workers=True,
+            )
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:  # torchrun: its rendezvous (the agent's store, or rank 0's), as torch's env:// reads it
+            os.environ.setdefault("MASTER_ADDR", host)
+            os.environ.setdefault("MASTER_PORT", port)
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+            store = dist.TCPStore(host, int(port), world_size=world, is_master=False,
+                                  timeout=datetime.timedelta(seconds=float(join_timeout)))
     except (RuntimeError, dist.DistError) as error:
         from keras_dist._communication import did_not_join_error
 

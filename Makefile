@@ -234,9 +234,29 @@ test-tensorflow-processes: install-tensorflow
 test-tensorflow-processes-late: install-tensorflow
 	$(call TF_TESTS,processes-late,starts_processes,$(TF_PROCESSES_LATE))
 
-# The torch backend's tests (one replica per process: its own files, for now
-# tests/test_torch_backend.py with its 2-worker gloo jobs), in the torch-only venv.
-TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_cluster_resolver.py
+# The torch backend's tests, in the torch-only venv: its own file (one
+# replica per process, 2-worker gloo jobs), the cluster resolvers, and the
+# shared multi-worker tests that hold for one replica per process (the others
+# simulate several devices in a process, or read tf.data or tf checkpoints).
+TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_cluster_resolver.py \
+	tests/test_multi_worker.py::test_bad_communication_options \
+	tests/test_multi_worker.py::test_a_cluster_dict_for_a_resolver_names_simple_cluster_resolver \
+	tests/test_multi_worker.py::test_example_through_the_launcher \
+	tests/test_multi_worker.py::test_unseeded_workers_start_from_the_chiefs_weights \
+	tests/test_multi_worker.py::test_an_address_this_process_cannot_serve_fails_before_joining \
+	tests/test_multi_worker.py::test_a_worker_whose_peer_never_starts_exits_with_code_1 \
+	tests/test_fault_tolerance.py::test_killed_or_terminated_worker_resumes_through_backup_and_restore \
+	tests/test_sigterm.py \
+	tests/test_preemption.py::test_exported_from_experimental \
+	tests/test_preemption.py::test_termination_config_checks_its_arguments \
+	tests/test_preemption.py::test_sigterm_exits_42_before_the_next_step \
+	tests/test_preemption.py::test_save_checkpoint_if_preempted_with_an_object_of_save_and_restore \
+	tests/test_preemption.py::test_a_directory_checkpoint_moved_aside_is_still_found \
+	tests/test_preemption.py::test_a_torn_write_leaves_the_previous_checkpoint \
+	tests/test_preemption.py::test_bad_checkpoint_kinds_and_arguments \
+	tests/test_preemption.py::test_a_save_that_writes_elsewhere_and_a_failing_watcher_are_errors \
+	tests/test_preemption.py::test_save_fn_replaces_the_write \
+	tests/test_preemption.py::test_values_from_every_worker_outside_a_job
 test-torch: install-torch
 	$(call DURATIONS_FILE,torch) $(TEST_STARTUP) KERAS_BACKEND=torch KERAS_DIST_SINGLE_BACKEND=torch \
 	  $(VENV_TORCH)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-torch $(TORCH_TEST_FILES)

@@ -217,3 +217,46 @@ def test_the_multi_worker_example_matches_one_device(launcher):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     assert "2 workers, 2 replicas in sync" in output and "MATCH: multi-worker training vs one device" in output, output
+
+
+MATRIX_WORKER = os.path.join(HERE, "workers", "mw_torch_matrix.py")
+MODELS = ("mlp", "cnn_bn", "functional", "subclassed")
+SOURCES = ("numpy", "pydataset", "generator", "dataloader")
+
+
+@pytest.fixture(scope="module")
+def matrix_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torch-matrix")
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", "240", MATRIX_WORKER, str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, [json.load(open(out / f"worker{i}.json")) for i in range(2)]
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("model", MODELS)
+def test_the_equivalence_matrix_across_processes(matrix_job, model, source):
+    """Every model family × every input Keras' torch backend takes, fit 2
+    epochs (uneven shards, a partial last batch), evaluate, predict: each
+    worker within float32 round-off of one device from the same seed."""
+    for results in matrix_job[1]:
+        case = results[f"{model}/{source}"]
+        assert case["weights"] < 1e-5 and case["evaluate"] < 1e-5 and case["predict"] < 1e-5, case
+        assert case["predict_rows"] == 50
+        np.testing.assert_allclose(*case["losses"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.starts_processes
+def test_a_self_averaging_loss_and_chief_only_files(matrix_job):
+    """compile(loss=fn) returning the batch's mean already trains as one
+    device; ModelCheckpoint and CSVLogger files are the chief's alone."""
+    out, results = matrix_job
+    for result in results:
+        assert result["self_averaging_loss"]["weights"] < 1e-6
+    lines = (out / "files" / "log.csv").read_text().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("epoch,loss,mae"), lines  # one writer: header and 2 epochs
+    assert keras.models.load_model(out / "files" / "model.keras").count_params() == 8 * 5 + 8 + 8 + 1

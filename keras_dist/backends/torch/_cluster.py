@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from keras_dist._communication import join_timeout_seconds
+from keras_dist.cluster_resolver._validate import check_bindable
 
 #: Whether this process joined a job, its rank's device, the job's devices.
 _job = {"initialized": False, "device": None, "devices": None}
@@ -53,6 +54,8 @@ def initialize_multi_worker(resolver, options) -> None:
     if gpu:
         local_rank = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
         torch.cuda.set_device(local_rank)
+    if rank == 0 and getattr(resolver, "worker_addresses_known", True):  # the chief serves the rendezvous
+        check_bindable(address, "The torch rendezvous address (the chief's)")
     try:
         if getattr(resolver, "worker_addresses_known", True):
             store = dist.TCPStore(

@@ -367,8 +367,9 @@ test-zoo-tensorflow-tutorials: install $(ZOO_STAMP)
 # TensorFlow's parameter servers), so `make bench` cannot rot; each starts
 # the benchmark's own processes, 2.2 CPU-min in all, so CI runs them after
 # `make test` instead of inside it. Both backends side by side.
-test-bench: install
+test-bench: install install-torch
 	$(call both-backends,bench,tests/test_benchmarks.py -m bench)
+	$(call DURATIONS_FILE,bench-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs -m bench tests/test_torch_backend.py
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a

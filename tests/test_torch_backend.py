@@ -260,3 +260,21 @@ def test_a_self_averaging_loss_and_chief_only_files(matrix_job):
     lines = (out / "files" / "log.csv").read_text().splitlines()
     assert len(lines) == 3 and lines[0].startswith("epoch,loss,mae"), lines  # one writer: header and 2 epochs
     assert keras.models.load_model(out / "files" / "model.keras").count_params() == 8 * 5 + 8 + 8 + 1
+
+
+@pytest.mark.starts_processes
+@pytest.mark.bench
+def test_quick_torch_ddp_benchmark_run(tmp_path):
+    """benchmarks/torch_ddp.py's tiny run (make test-bench): keras_dist, plain
+    Keras and hand-written DDP in one run, so its ratios cannot rot."""
+    done = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(HERE), "benchmarks", "torch_ddp.py"), "--quick", "--output", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "results" / "torch_ddp.quick.json").read_text())
+    assert [row["processes"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["keras_dist_over_ddp"] == row["keras_dist_step_ms"] / row["ddp_step_ms"] > 0
+    assert rows[0]["keras_dist_over_plain_keras"] == rows[0]["keras_dist_step_ms"] / rows[0]["plain_keras_step_ms"]
+    assert "| 2 |" in (tmp_path / "TORCH_DDP.quick.md").read_text()

@@ -207,9 +207,11 @@ def _fail_fast(store, host: str, port: int, rank: int, world: int) -> None:
     thread = threading.Thread(target=watch, name="keras_dist-fail-fast", daemon=True)
     thread.start()
 
-    def finish():  # a normal exit: the watcher ends outside any store call
+    def finish():  # a normal exit: the watcher ends outside any store call, then the group
         stop.set()
         thread.join()
+        if dist.is_initialized():  # gloo's threads end here, not in static destructors (which abort)
+            dist.destroy_process_group()
 
     atexit.register(finish)
 

@@ -119,9 +119,9 @@ def test_the_adapter_conforms_and_lacks_only_optional_capabilities():
     assert adapter.apply_optimizer is not None
 
 
-def _launch(out_dir, build, hook=None, timeout=180):
+def _launch(out_dir, build, hook=None, timeout=180, workers=2):
     env = dict(os.environ, KERAS_BACKEND="torch")
-    command = [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", str(timeout),
+    command = [sys.executable, "-m", "keras_dist.launch", "-n", str(workers), "--backend", "torch", "--max-time", str(timeout),
                WORKER, str(out_dir), build] + ([hook] if hook else [])
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout + 30)
     return done
@@ -161,6 +161,23 @@ def test_two_workers_train_as_one_device(torch_jobs, build):
         np.testing.assert_allclose(*result["loop_metric"], rtol=1e-5)
         x, _ = _data()
         np.testing.assert_allclose(result["gathered"], x[:7] * 2.0, rtol=1e-6)
+
+
+@pytest.mark.starts_processes
+def test_four_workers_train_as_one_device(tmp_path):
+    """4 processes: global batches of 16 (4 rows each), a last of 2 (two
+    replicas without rows); evaluate and predict in batches of 7 and a last of 1."""
+    done = _launch(tmp_path, "eager", workers=4)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for i in range(4):
+        result = json.load(open(tmp_path / f"worker{i}.json"))
+        assert result["replicas"] == 4
+        assert result["fit_weights"] < 1e-5 and result["loop_weights"] < 1e-5, result
+        np.testing.assert_allclose(*result["fit_loss"], rtol=1e-5)
+        np.testing.assert_allclose(*result["evaluate"], rtol=1e-5)
+        assert result["predict"] < 1e-5 and result["predict_rows"] == 50
+    rows = [json.load(open(tmp_path / f"worker{i}.json"))["rows_seen"]["evaluate"] for i in range(4)]
+    assert rows == [15, 14, 14, 7], rows  # 7 rows: 2, 2, 2, 1 a batch (7 batches), and the last row: worker 0's
 
 
 TORCH_HOOKS = [

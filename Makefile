@@ -20,7 +20,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
 	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
-	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness install-torch test-torch
+	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness install-torch test-torch test-keras-min-torch
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -283,9 +283,11 @@ endef
 # compilation cache, new each time: the first two compile fresh, the rest
 # load (tests/test_stress.py says why that tests the same thing).
 test-stress: export KERAS_DIST_TEST_JAX_PROCESS_CACHE = $(CURDIR)/$(TEST_LOGS)/jax-cache-stress
-test-stress: install
+test-stress: install install-torch
 	@rm -rf $(TEST_LOGS)/jax-cache-stress
 	$(call both-backends,stress,tests/test_stress.py -m stress)
+	$(call DURATIONS_FILE,stress-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs -m stress \
+	  tests/test_stress.py::test_multi_worker_example_is_bitwise_reproducible_under_load
 
 # Real code nobody on the team wrote, too costly for `make test` (marker
 # `zoo`): keras.applications' MobileNetV2 (tests/test_zoo.py, 155 layers)
@@ -387,9 +389,9 @@ $(KERAS_MIN_DIR)/.installed: $(STAMP)
 	test -d $(KERAS_MIN_DIR)/keras || $(PY) -m pip install -q --no-deps --target $(KERAS_MIN_DIR) keras==$(KERAS_MIN)
 	touch $@
 
-test-keras-min: install $(KERAS_MIN_DIR)/.installed
+test-keras-min: install install-torch $(KERAS_MIN_DIR)/.installed
 	@rm -f $(TEST_LOGS)/test-keras-min-*.log $(TEST_LOGS)/durations/keras-min-*.json; mkdir -p $(TEST_LOGS)/durations
-	@$(PYTHON) tests/run_parts.py --jobs 2 --logs $(TEST_LOGS) test-keras-min-tensorflow test-keras-min-jax
+	@$(PYTHON) tests/run_parts.py --jobs 2 --logs $(TEST_LOGS) test-keras-min-tensorflow test-keras-min-jax test-keras-min-torch
 
 # (Two explicit targets: make skips pattern rules for .PHONY targets.)
 KERAS_MIN_TESTS = $(call DURATIONS_FILE,keras-min-$(1)) PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$(1) \
@@ -403,6 +405,12 @@ test-keras-min-jax: install $(KERAS_MIN_DIR)/.installed
 
 test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
 	$(call KERAS_MIN_TESTS,tensorflow)
+
+# torch: the oldest Keras over the torch-only venv, its own tests (the workers too).
+test-keras-min-torch: install-torch $(KERAS_MIN_DIR)/.installed
+	$(call DURATIONS_FILE,keras-min-torch) PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=torch KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
+	  $(VENV_TORCH)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-torch \
+	    tests/test_keras_version.py tests/test_torch_backend.py
 
 bench: install
 	$(PY) benchmarks/run.py

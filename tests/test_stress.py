@@ -18,6 +18,10 @@ is deterministic, and the two fresh runs and the one-device reference
 keep that checked; what this test is for, the runs' threads meeting in
 every order under load, is the same with a loaded program.
 
+On torch (`make test-stress`'s third run) the multi-worker example runs
+alone: 2 processes, one replica each (digits_cnn.py simulates 4 devices in
+one process, which torch cannot).
+
 On JAX, 4 simulated devices are also pushed hard under heavier load, to show
 XLA's CPU client never deadlocks with the threads `simulate_cpu_devices`
 gives it.

@@ -139,7 +139,7 @@ def _component(value):
 
 
 def _unwrap(nest):
-    return keras.tree.map_structure(_component, nest, none_is_leaf=True) if nest is not None else nest
+    return keras.tree.map_structure(_component, nest) if nest is not None else nest
 
 
 def run(strategy, engine, fn, args, kwargs):

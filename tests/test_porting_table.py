@@ -40,10 +40,11 @@ import keras_dist
 from conftest import BACKEND, NUM_DEVICES
 
 GUIDE = Path(__file__).resolve().parents[1] / "guides" / "porting_from_tf_distribute.md"
-COLUMNS = ["keras_dist name", "JAX", "TensorFlow", "notes"]
+COLUMNS = ["keras_dist name", "JAX", "TensorFlow", "torch", "notes"]
 #: table kind -> the header of its first column
 KINDS = {"names": "tf.distribute name", "methods": "tf method", "others": "tf name"}
-BACKEND_COLUMN = {"jax": "JAX", "tensorflow": "TensorFlow"}
+BACKEND_COLUMN = {"jax": "JAX", "tensorflow": "TensorFlow", "torch": "torch"}
+BACKEND_COLUMNS = ("JAX", "TensorFlow", "torch")
 #: Methods the guide must document whatever tf's dir() lists: three are not in
 #: it (tf.compat.v1's `broadcast_to` and `call_for_each_replica`, which TF2's
 #: strategies keep; `experimental_enable_get_next_as_optional`, an attribute
@@ -134,7 +135,7 @@ def parse_tables(text: str) -> dict[str, list[Row]]:
         while number < len(lines) and lines[number].startswith("|"):
             cells = _cells(lines[number])
             where = f"{GUIDE.name} line {number + 1}"
-            assert len(cells) == 5, f"{where}: {len(cells)} cells, expected 5 (no '|' inside a cell)"
+            assert len(cells) == 6, f"{where}: {len(cells)} cells, expected 6 (no '|' inside a cell)"
             tf_match = _NAME_CELL.match(cells[0])
             assert tf_match, f"{where}: the first cell must be one `name`, got {cells[0]!r}"
             if cells[1] == "—":
@@ -146,11 +147,11 @@ def parse_tables(text: str) -> dict[str, list[Row]]:
                 )
                 keras_name = keras_match.group(1)
             support = {}
-            for column, cell in zip(("JAX", "TensorFlow"), cells[2:4]):
+            for column, cell in zip(BACKEND_COLUMNS, cells[2:5]):
                 match = _SUPPORT.match(cell)
                 assert match, f'{where}: {column} must be yes, no (issue #14/#15) or error: Type "message"; got {cell!r}'
                 support[column] = match
-            row = Row(kind, number + 1, tf_match.group(1), keras_name, support, cells[4])
+            row = Row(kind, number + 1, tf_match.group(1), keras_name, support, cells[5])
             if any(m.group("yes") or m.group("type") for m in support.values()):
                 assert keras_name, f"{row.where()}: a yes/error row needs its keras_dist name"
             else:
@@ -267,9 +268,32 @@ def _server_on_jax():
     keras_dist.Server({"ps": ["127.0.0.1:1"]}, job_name="ps", task_index=0, start=False)
 
 
+def _parameter_servers():
+    resolver = keras_dist.cluster_resolver.SimpleClusterResolver(
+        {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, task_type="chief", task_id=0
+    )
+    return keras_dist.ParameterServerStrategy(resolver)
+
+
+def _tpu_strategy():
+    keras_dist.TPUStrategy(keras_dist.cluster_resolver.TPUClusterResolver(tpu="local"))
+
+
 TRIGGERS = {
     ("ReplicaContext.devices", "JAX"): _devices_inside_run,
     ("tf.distribute.Server", "JAX"): _server_on_jax,
+    ("tf.distribute.Server", "torch"): _server_on_jax,
+    ("tf.distribute.ParameterServerStrategy", "torch"): _parameter_servers,
+    ("tf.distribute.experimental.ParameterServerStrategy", "torch"): _parameter_servers,
+    ("tf.distribute.coordinator.ClusterCoordinator", "torch"): lambda: keras_dist.coordinator.ClusterCoordinator(
+        _parameter_servers()
+    ),
+    ("tf.distribute.experimental.coordinator.ClusterCoordinator", "torch"): lambda: keras_dist.coordinator.ClusterCoordinator(
+        _parameter_servers()
+    ),
+    ("tf.distribute.TPUStrategy", "torch"): _tpu_strategy,
+    ("tf.distribute.experimental.TPUStrategy", "torch"): _tpu_strategy,
+    ("tf.tpu.experimental.initialize_tpu_system", "torch"): lambda: keras_dist.tpu.experimental.initialize_tpu_system(),
 }
 
 

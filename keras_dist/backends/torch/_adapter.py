@@ -54,8 +54,7 @@ class TorchAdapter(BackendAdapter):
     # is not supported on torch), distribute_dataset_natively (batches are
     # split on the host), create_server, from_backend_object.
     unsupported = {
-        "parameter_servers": "ParameterServerStrategy is not supported on the torch backend; use "
-        "MultiWorkerMirroredStrategy (synchronous, exact), or the JAX backend (Ray) or TensorFlow backend for "
-        "parameter servers.",
+        "parameter_servers": "use MultiWorkerMirroredStrategy (synchronous, exact), or the JAX (Ray) or TensorFlow "
+        "backend for parameter servers.",
         "create_server": "on the torch backend there are no parameter-server tasks to serve.",
     }

@@ -295,3 +295,29 @@ def test_quick_torch_ddp_benchmark_run(tmp_path):
         assert row["keras_dist_over_ddp"] == row["keras_dist_step_ms"] / row["ddp_step_ms"] > 0
     assert rows[0]["keras_dist_over_plain_keras"] == rows[0]["keras_dist_step_ms"] / rows[0]["plain_keras_step_ms"]
     assert "| 2 |" in (tmp_path / "TORCH_DDP.quick.md").read_text()
+
+
+SHUFFLE_WORKER = os.path.join(HERE, "workers", "mw_torch_shuffle.py")
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize("mode", ["unseeded", "seeded_apart"])
+def test_shuffled_input_is_the_same_on_every_worker_or_refused(tmp_path, mode):
+    """fit(shuffle=True): unseeded workers draw alike (the chief's random
+    state, taken when they joined), and each step checks every worker holds
+    the same global batch; workers seeded apart get one clear error, not a
+    batch mixed of two shuffles."""
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", "120",
+         SHUFFLE_WORKER, str(tmp_path), mode],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    output = done.stdout + done.stderr
+    if mode == "unseeded":
+        assert done.returncode == 0, output
+        results = [json.load(open(tmp_path / f"worker{i}.json")) for i in range(2)]
+        assert results[0] == results[1]
+    else:
+        assert done.returncode != 0, output
+        assert "The workers' global batches differ at this train step" in output, output

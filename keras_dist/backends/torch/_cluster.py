@@ -88,6 +88,10 @@ def initialize_multi_worker(resolver, options) -> None:
         _job["device"] = names[rank]
     _job["devices"] = tuple(names)
     _job["backend"] = backend
+    # The workers draw what they draw alike from here on (Keras' shuffles of
+    # NumPy input, an unseeded Dropout's masks): from the chief's state,
+    # which is each one's own where every worker seeded the same.
+    random_state_from_chief()
     _fail_fast(store, host or "127.0.0.1", int(port), rank, world)
 
 

@@ -41,6 +41,41 @@ def _local_rows(engine, data):
     return _shard.Shard(stop - start, rows, start, replicas=engine.num_replicas), local
 
 
+#: Elements of each input a step's fingerprint reads (a stride through it).
+_FINGERPRINT_SAMPLES = 4096
+
+
+def _fingerprint(batch) -> torch.Tensor:
+    """A few numbers that differ between two different global batches (row
+    count, a sum and an order-weighted sum of a stride of each input)."""
+    parts = []
+    for leaf in keras.tree.flatten(batch):
+        if leaf is None:
+            continue
+        flat = torch.as_tensor(keras.ops.convert_to_numpy(leaf) if not isinstance(leaf, torch.Tensor) else leaf)
+        flat = flat.detach().reshape(-1)
+        flat = flat[:: max(1, flat.numel() // _FINGERPRINT_SAMPLES)].to(torch.float64).cpu()
+        weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+        parts.append(torch.stack([torch.tensor(float(leaf.shape[0] if len(leaf.shape) else 0), dtype=torch.float64),
+                                  flat.sum(), (flat * weights).sum()]))
+    return torch.cat(parts) if parts else torch.zeros(1, dtype=torch.float64)
+
+
+def check_same_global_batch(batch, kind: str) -> None:
+    """Every process must hold the same global batch (each takes its rows of
+    it): a clear error where they differ, as when each worker shuffles its
+    input its own way, never a mixed batch trained in silence."""
+    mine = _fingerprint(batch)
+    high, low = (_collectives.all_reduce([mine], op)[0] for op in ("MAX", "MIN"))
+    if not torch.equal(high, low):
+        raise ValueError(
+            f"The workers' global batches differ at this {kind} step: each worker must pass the same data in the "
+            "same order (every worker takes its own rows of each global batch). Shuffled or random input must be "
+            "drawn alike on every worker: seed each the same (keras.utils.set_random_seed(seed)) before creating "
+            "the strategy, or after it on every worker alike, or pass shuffle=False."
+        )
+
+
 def _mean_over_replicas(value):
     (mean,) = _collectives.all_reduce([torch.as_tensor(value)], "MEAN")
     return mean
@@ -84,6 +119,7 @@ class TorchStep:
         heartbeat.beat()
         (batch,) = data
         model = self.model
+        check_same_global_batch(batch, self.kind)
         if self.kind == "train" and _draws_random_numbers(model):
             _cluster.random_state_from_chief()
         shard, local = _local_rows(self.engine, batch)
@@ -121,6 +157,7 @@ class TorchPredict:
     def __call__(self, data):
         heartbeat.beat()
         (batch,) = data
+        check_same_global_batch(batch, "predict")
         shard, local = _local_rows(self.engine, batch)
         with torch.no_grad(), _shard.shard_scope(shard):
             outputs = self.model.predict_step(local)

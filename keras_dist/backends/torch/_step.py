@@ -66,7 +66,8 @@ def check_same_global_batch(batch, kind: str) -> None:
     it): a clear error where they differ, as when each worker shuffles its
     input its own way, never a mixed batch trained in silence."""
     mine = _fingerprint(batch)
-    high, low = (_collectives.all_reduce([mine], op)[0] for op in ("MAX", "MIN"))
+    (extremes,) = _collectives.all_reduce([torch.cat([mine, -mine])], "MAX")  # the largest and the smallest, at once
+    high, low = extremes[: mine.numel()], -extremes[mine.numel() :]
     if not torch.equal(high, low):
         raise ValueError(
             f"The workers' global batches differ at this {kind} step: each worker must pass the same data in the "

@@ -569,18 +569,45 @@ PROBES = {
 }
 
 
-#: The torch backend's own hooks: a process runs one replica there, so their
-#: probe is a 2-process job with the hook reverted
-#: (tests/test_torch_backend.py::test_every_torch_hook_changes_behaviour).
+#: Hooks whose effect on torch needs several replicas, which are processes
+#: there: their probe is a 2-process job with the hook reverted
+#: (tests/test_torch_backend.py::test_every_torch_hook_changes_behaviour);
+#: the torch backend's own hooks have no other probe.
 TORCH_PROBED_BY_JOB = (
     "keras.src.backend.torch.random:dropout",
     "keras.src.backend.torch.core:Variable._initialize",
     *(f"keras.src.backend.torch.trainer:TorchTrainer.make_{k}_function" for k in ("train", "test", "predict")),
+    "keras.src.losses.loss:Loss.__call__",
+    "keras.src.losses.loss:reduce_values",
+    "keras.src.losses.loss:scale_loss_for_distribution",
+    "keras.src.losses.loss:unscale_loss_for_distribution",
+    "keras.src.layers.normalization.batch_normalization:BatchNormalization._moments",
+    f"{_TRAINER}._aggregate_additional_loss",
+    "keras.src.backend.common.variables:Variable.assign_add",
+    "keras.src.backend.common.variables:Variable.assign_sub",
+    "keras.src.layers.rnn.rnn:RNN.call",
 )
+_TORCH_ONLY = {target for target in TORCH_PROBED_BY_JOB if ".torch." in target}
 
 
 def test_every_hook_has_a_liveness_probe():
-    assert sorted([*PROBES, *TORCH_PROBED_BY_JOB]) == sorted(hook.target for hook in _hooks.HOOKS)
+    assert sorted([*PROBES, *_TORCH_ONLY]) == sorted(hook.target for hook in _hooks.HOOKS)
+
+
+def _probe_compile_checks(mirrored, tmp_path):
+    """torch (where every variable of a process is on its one device, so
+    adoption changes no placement): compile's own checks under a strategy."""
+    with mirrored(1).scope():
+        model = mlp()
+    try:
+        model.compile(optimizer="sgd", loss="mse", steps_per_execution=0)
+    except ValueError as error:
+        return f"refused: {str(error)[:40]}"
+    return "accepted"
+
+
+if BACKEND == "torch":
+    PROBES[f"{_TRAINER}.compile"] = _probe_compile_checks
 
 
 def _is_a_not_implemented_stub(function) -> bool:
@@ -607,6 +634,9 @@ def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, r
     the probe's outcome: a hook that did nothing would fail here. (On JAX
     the per-replica training step is forced on for the probes, as
     multi-process CPU jobs take it.)"""
+    if BACKEND == "torch" and target in TORCH_PROBED_BY_JOB:
+        pytest.skip("needs several replicas, which are processes on torch: probed by "
+                    "tests/test_torch_backend.py::test_every_torch_hook_changes_behaviour")
     if _is_a_not_implemented_stub(_hooks.ORIGINALS[target]):
         pytest.skip(f"{target} is a NotImplementedError stub in Keras {keras.version()}: Keras' layers fall back "
                     "to another hooked function there (keras.src.backend:rnn, whose probe runs)")
@@ -742,7 +772,7 @@ _PLAIN_SCRIPT = textwrap.dedent(
     y = (x[:, :1] > 0).astype("float32")
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
                               keras.layers.BatchNormalization(), keras.layers.Dense(1, activation="sigmoid")])
-    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"], steps_per_execution=2)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"], steps_per_execution=1 if keras.config.backend() == "torch" else 2)  # torch: Keras allows 1
     history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0).history
     logs = model.evaluate(x, y, batch_size=10, verbose=0, return_dict=True)
     prediction = model.predict(x, batch_size=10, verbose=0)

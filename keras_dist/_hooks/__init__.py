@@ -133,6 +133,7 @@ HOOKS: tuple = (
     Hook(
         "keras.src.metrics.metric:Metric.__init__",
         _metrics.wrap_metric_init,
+        _JAX + _TF,  # torch: a metric's writes inside run() are all-reduced (assign_add), so every replica reads it whole
         purpose="run(): metric.result() is the value over all replicas, as in tf-keras",
     ),
     Hook(

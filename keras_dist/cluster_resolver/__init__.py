@@ -35,7 +35,7 @@ __all__ = [
     "SimpleClusterResolver",
     "SlurmClusterResolver",
     "TFConfigClusterResolver",
-    "TorchrunClusterResolver",
     "TPUClusterResolver",
+    "TorchrunClusterResolver",
     "UnionResolver",
 ]

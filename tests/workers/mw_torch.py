@@ -12,10 +12,11 @@ initial values are the seed's: every worker takes them):
   autograd and optimizer.apply, compute_average_loss, a metric updated
   inside run, strategy.reduce and strategy.gather.
 
-argv: OUT_DIR BUILD(lazy|eager) [HOOK]. Writes OUT_DIR/worker<i>.json: the
+argv: OUT_DIR BUILD(lazy|eager) [HOOKS]. Writes OUT_DIR/worker<i>.json: the
 largest differences from one device, the logs of both, and the gathered
-rows. With HOOK (a target of keras_dist._hooks.HOOKS), that one hook is
-reverted to Keras' original first: the hooks' liveness probe on torch.
+rows. With HOOKS (targets of keras_dist._hooks.HOOKS, comma-separated), the
+run is repeated with each one reverted alone to Keras' original (the hooks'
+liveness probe on torch), under "reverted".
 """
 
 import json
@@ -34,13 +35,6 @@ strategy = keras_dist.MultiWorkerMirroredStrategy(
     communication_options=keras_dist.CommunicationOptions(timeout_seconds=60)
 )
 index = strategy.cluster_resolver.task_id
-if len(sys.argv) > 3:  # the hooks are installed by now
-    from keras_dist import _hooks
-
-    owner, name = _hooks.resolve(sys.argv[3])
-    setattr(owner, name, _hooks.ORIGINALS[sys.argv[3]])
-    os.makedirs(out_dir, exist_ok=True)
-    open(os.path.join(out_dir, f"reverted{index}"), "w").close()
 rng = np.random.RandomState(0)
 x = rng.randn(50, 5).astype("float32")
 y = (x @ rng.randn(5, 1) + 0.1).astype("float32")
@@ -62,7 +56,7 @@ def make_model(seed=7):
     keras.utils.set_random_seed(seed)
     layers = [
         CountRows(),
-        keras.layers.Dense(8, activation="relu"),
+        keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01)),
         keras.layers.BatchNormalization(),
         keras.layers.Dropout(0.25),
         keras.layers.Dense(1),
@@ -113,42 +107,112 @@ def custom_loop(model, run_strategy):
     return losses, float(metric.result()), keras.ops.convert_to_numpy(gathered), model.get_weights()
 
 
-with strategy.scope():  # unseeded workers, in effect: each its own seed; the chief's values win
-    model = make_model(seed=7 + index)
-history, evaluated, predicted, weights = fit_evaluate_predict(model)
-shares = {phase: rows_seen.pop(phase, 0) for phase in ("evaluate", "predict")}
-with strategy.scope():
-    loop_model = make_model()
-    loop_model.build((None, 5))
-loop_losses, loop_metric, gathered, loop_weights = custom_loop(loop_model, strategy)
+def probes(run_strategy):
+    """What the other torch hooks change: an increment and a decrement inside
+    run (aggregation 'sum'), an averaging Loss inside run, a stateful LSTM
+    in fit, and a two-output model's per-output losses."""
+    out = {}
+    with run_strategy.scope():
+        counter = keras.Variable(10.0, aggregation="sum")
+    data = run_strategy.experimental_distribute_dataset([(x[:6], y[:6])])
+    for xb, yb in data:
+        run_strategy.run(lambda a: counter.assign_add(keras.ops.sum(a[:, 0]) * 0 + 1.0), args=(xb,))
+        run_strategy.run(lambda a: counter.assign_sub(keras.ops.cast(keras.ops.shape(a)[0], "float32")), args=(xb,))
+        try:
+            run_strategy.run(lambda a, b: keras.losses.MeanSquaredError()(b, a[:, :1]), args=(xb, yb))
+            out["averaging_loss_in_run"] = "accepted"
+        except ValueError as error:
+            out["averaging_loss_in_run"] = f"refused: {str(error)[:40]}"
+    out["counter"] = float(keras.ops.convert_to_numpy(counter.value))
+    with run_strategy.scope():
+        keras.utils.set_random_seed(1)
+        rnn = keras.Sequential([keras.Input((3, 2), batch_size=4), keras.layers.LSTM(2, stateful=True)])
+        rnn.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    sequences = np.linspace(-1, 1, 24, dtype="float32").reshape(4, 3, 2)
+    try:  # (one device: plain Keras 3.15 on torch fails to train a stateful LSTM itself, in autograd)
+        rnn.fit(sequences, sequences[:, 0, :], batch_size=4, verbose=0)
+        out["stateful_rnn"] = "trained"
+    except ValueError as error:  # keras_dist's error, or Keras' own (its batch-size check)
+        out["stateful_rnn"] = "refused: " + ("splits the batch" if "splits the batch over" in str(error) else "by Keras")
+    except RuntimeError as error:
+        out["stateful_rnn"] = f"failed: {str(error)[:40]}"
+    with run_strategy.scope():
+        keras.utils.set_random_seed(2)
+        inputs = keras.Input((5,))
+        two = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(inputs), "b": keras.layers.Dense(1, name="b")(inputs)})
+        two.compile(optimizer=keras.optimizers.SGD(0.05), loss={"a": "mse", "b": "mae"})
+    logs = two.fit(x, {"a": y, "b": -y}, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+    out["two_output_logs"] = {key: value[-1] for key, value in sorted(logs.items())}
+    return out
+
+
+
+def distributed():
+    """Everything above under the strategy: the values to compare."""
+    with strategy.scope():  # unseeded workers, in effect: each its own seed; the chief's values win
+        model = make_model(seed=7 + index)
+    history, evaluated, predicted, weights = fit_evaluate_predict(model)
+    shares = {phase: rows_seen.pop(phase, 0) for phase in ("evaluate", "predict")}
+    with strategy.scope():
+        loop_model = make_model()
+        loop_model.build((None, 5))
+    loop_losses, loop_metric, gathered, loop_weights = custom_loop(loop_model, strategy)
+    return {
+        "history": history, "evaluated": evaluated, "predicted": predicted, "weights": weights, "shares": shares,
+        "loop": (loop_losses, loop_metric, gathered, loop_weights), "probes": probes(strategy),
+    }
+
 
 # one device, the same seed
 reference = make_model()
 ref_history, ref_evaluated, ref_predicted, ref_weights = fit_evaluate_predict(reference)
+rows_seen.pop("evaluate", None), rows_seen.pop("predict", None)
 ref_loop_model = make_model()
 ref_loop_model.build((None, 5))
 ref_losses, ref_metric, ref_gathered, ref_loop_weights = custom_loop(ref_loop_model, keras_dist.get_strategy())
+reference_probes = probes(keras_dist.get_strategy())
 
 
 def largest(a, b):
     return max(float(np.max(np.abs(np.asarray(p) - np.asarray(q)))) for p, q in zip(a, b))
 
 
-result = {
-    "replicas": strategy.num_replicas_in_sync,
-    "fit_weights": largest(weights, ref_weights),
-    "fit_loss": [history["loss"], ref_history["loss"]],
-    "fit_mae": [history["mae"], ref_history["mae"]],
-    "evaluate": [evaluated, ref_evaluated],
-    "predict": largest([predicted], [ref_predicted]),
-    "predict_rows": int(predicted.shape[0]),
-    "rows_seen": shares,
-    "loop_weights": largest(loop_weights, ref_loop_weights),
-    "loop_losses": [loop_losses, ref_losses],
-    "loop_metric": [loop_metric, ref_metric],
-    "gathered": gathered.tolist(),
-    "torch": torch.__version__,
-}
+def compared(run):
+    loop_losses, loop_metric, gathered, loop_weights = run["loop"]
+    return {
+        "replicas": strategy.num_replicas_in_sync,
+        "fit_weights": largest(run["weights"], ref_weights),
+        "fit_loss": [run["history"]["loss"], ref_history["loss"]],
+        "fit_mae": [run["history"]["mae"], ref_history["mae"]],
+        "evaluate": [run["evaluated"], ref_evaluated],
+        "predict": largest([run["predicted"]], [ref_predicted]),
+        "predict_rows": int(run["predicted"].shape[0]),
+        "rows_seen": run["shares"],
+        "loop_weights": largest(loop_weights, ref_loop_weights),
+        "loop_losses": [loop_losses, ref_losses],
+        "loop_metric": [loop_metric, ref_metric],
+        "gathered": gathered.tolist(),
+        "probes": run["probes"],
+        "reference_two_output_logs": reference_probes["two_output_logs"],
+        "torch": torch.__version__,
+    }
+
+
+result = compared(distributed())
+if len(sys.argv) > 3:  # the liveness battery: each hook reverted alone, the same run again
+    from keras_dist import _hooks
+
+    result["reverted"] = {}
+    for target in sys.argv[3].split(","):
+        owner, name = _hooks.resolve(target)
+        live = getattr(owner, name)
+        setattr(owner, name, _hooks.ORIGINALS[target])
+        try:
+            result["reverted"][target] = compared(distributed())
+        except Exception as error:  # noqa: BLE001 - every worker fails alike: the outcome
+            result["reverted"][target] = {"raised": f"{type(error).__name__}: {str(error)[:300]}"}
+        finally:
+            setattr(owner, name, live)
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, f"worker{index}.json"), "w") as handle:
     json.dump(result, handle)

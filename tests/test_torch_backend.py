@@ -350,3 +350,22 @@ def test_shuffled_input_is_the_same_on_every_worker_or_refused(tmp_path, mode):
     else:
         assert done.returncode != 0, output
         assert "The workers' global batches differ at this train step" in output, output
+
+
+def test_one_process_distribute_datasets_from_function():
+    """One replica: dataset_fn gets the InputContext of one pipeline and
+    its batches reach `run` whole (several workers take a tf.data dataset
+    from dataset_fn, on every backend: tests/test_multi_worker.py)."""
+    strategy = keras_dist.MirroredStrategy()
+    x, _ = _data()
+    contexts = []
+
+    def dataset_fn(context):
+        contexts.append((context.num_input_pipelines, context.input_pipeline_id, context.num_replicas_in_sync))
+        batch = context.get_per_replica_batch_size(10)
+        return [x[i : i + batch] for i in range(0, 30, batch)]
+
+    sums = [float(strategy.reduce("SUM", strategy.run(lambda a: keras.ops.sum(a), args=(b,)), axis=None))
+            for b in strategy.distribute_datasets_from_function(dataset_fn)]
+    assert contexts == [(1, 0, 1)]
+    np.testing.assert_allclose(sums, [x[i : i + 10].sum() for i in range(0, 30, 10)], rtol=1e-5)

@@ -238,7 +238,7 @@ test-tensorflow-processes-late: install-tensorflow
 # replica per process, 2-worker gloo jobs), the cluster resolvers, and the
 # shared multi-worker tests that hold for one replica per process (the others
 # simulate several devices in a process, or read tf.data or tf checkpoints).
-TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_hooks.py tests/test_cluster_resolver.py tests/test_porting_table.py \
+TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_hooks.py tests/test_architecture.py tests/test_cluster_resolver.py tests/test_porting_table.py \
 	tests/test_multi_worker.py::test_bad_communication_options \
 	tests/test_multi_worker.py::test_a_cluster_dict_for_a_resolver_names_simple_cluster_resolver \
 	tests/test_multi_worker.py::test_example_through_the_launcher \

@@ -123,8 +123,11 @@ def test_adapters_know_strategies_only_by_engine_kind():
 
     # this process's backend's table (each backend's suite checks its own:
     # importing the other's engine would load the other backend here)
-    table = importlib.import_module(f"keras_dist.backends.{get_adapter().name}._engine")._ENGINES
-    assert set(table) == set(EngineKind), sorted(set(EngineKind) - set(table))
+    adapter = get_adapter()
+    table = importlib.import_module(f"keras_dist.backends.{adapter.name}._engine")._ENGINES
+    # a backend without the parameter-server capability refuses that strategy before any engine
+    kinds = set(EngineKind) - ({EngineKind.PARAMETER_SERVER} if adapter.create_coordinator is None else set())
+    assert set(table) == kinds, sorted(kinds - set(table))
 
 
 def test_the_core_does_not_climb_into_the_hooks():
@@ -243,7 +246,14 @@ def test_an_optional_capability_is_none_or_declared_exactly():
         check_conforms(NoneRequired())
     # a group is all or none: half a parameter-server engine is refused
     group = CAPABILITY_GROUPS["parameter_servers"]
-    Whole = type("Whole", (Lean,), {name: inspect.getattr_static(type(adapter), name) for name in group})
+
+    def conforming(name):  # a function with the declared parameters (whatever this adapter gives)
+        declared = optional_methods()[name]
+        function = lambda *args, **kwargs: None  # noqa: E731
+        function.__signature__ = declared.replace(parameters=list(declared.parameters.values())[1:])
+        return staticmethod(function)
+
+    Whole = type("Whole", (Lean,), {name: conforming(name) for name in group})
     check_conforms(Whole())
     Half = type("Half", (Whole,), {"join": None, "done": None})
     with pytest.raises(TypeError, match="parameter_servers capability gives .* but not join, done \\(all or none\\)"):
@@ -274,9 +284,12 @@ def test_this_backend_s_optional_capabilities():
     expected = {
         "jax": {"distribute_dataset_natively", "create_server", "assign_on_ps", "variable_parts", "from_backend_object"},
         "tensorflow": set(),
+        # torch: no parameter servers, no dataset engine, no objects of its own to translate
+        "torch": {"distribute_dataset_natively", "create_server", "assign_on_ps", "variable_parts", "from_backend_object",
+                  *CAPABILITY_GROUPS["parameter_servers"]},
     }[adapter.name]
     assert lacking == expected
-    assert set(adapter.unsupported) <= lacking
+    assert set(adapter.unsupported) <= lacking | set(CAPABILITY_GROUPS)
 
 
 def test_replica_ops_of_this_backend_implement_the_interface():
@@ -345,8 +358,9 @@ def test_adding_a_strategy_is_one_module_and_one_table_entry(monkeypatch):
     exec(compile(module_block, "ARCHITECTURE.md (strategy module)", "exec"), namespace)
     FirstDevicesStrategy = namespace["FirstDevicesStrategy"]
 
-    strategy = FirstDevicesStrategy(2)
-    assert strategy.num_replicas_in_sync == 2
+    count = 1 if get_adapter().name == "torch" else 2  # torch: one device a process
+    strategy = FirstDevicesStrategy(count)
+    assert strategy.num_replicas_in_sync == count
     name = get_adapter().name
     with pytest.raises(NotImplementedError, match=f"no engine of kind 'first_devices'.*backends/{name}/_engine.py"):
         with strategy.scope():
@@ -361,5 +375,5 @@ def test_adding_a_strategy_is_one_module_and_one_table_entry(monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(36, FEATURES)).astype("float32")
     y = (x[:, :1] > 0).astype("float32")
-    reference, distributed = twin(FirstDevicesStrategy(2), optimizer="sgd")
+    reference, distributed = twin(FirstDevicesStrategy(count), optimizer="sgd")
     assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size=10, epochs=2)

@@ -238,6 +238,8 @@ test-tensorflow-processes-late: install-tensorflow
 # replica per process, 2-worker gloo jobs), the cluster resolvers, and the
 # shared multi-worker tests that hold for one replica per process (the others
 # simulate several devices in a process, or read tf.data or tf checkpoints).
+# The kill-and-resume jobs run in `make test-faults` (24 CPU-s beside its
+# waits: `make test` has no room for them on 2 cores).
 TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_hooks.py tests/test_architecture.py tests/test_cluster_resolver.py tests/test_porting_table.py \
 	tests/test_multi_worker.py::test_bad_communication_options \
 	tests/test_multi_worker.py::test_a_cluster_dict_for_a_resolver_names_simple_cluster_resolver \
@@ -245,7 +247,6 @@ TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_hooks.py tests/test_a
 	tests/test_multi_worker.py::test_unseeded_workers_start_from_the_chiefs_weights \
 	tests/test_multi_worker.py::test_an_address_this_process_cannot_serve_fails_before_joining \
 	tests/test_multi_worker.py::test_a_worker_whose_peer_never_starts_exits_with_code_1 \
-	tests/test_fault_tolerance.py::test_killed_or_terminated_worker_resumes_through_backup_and_restore \
 	tests/test_sigterm.py \
 	tests/test_preemption.py::test_exported_from_experimental \
 	tests/test_preemption.py::test_termination_config_checks_its_arguments \
@@ -377,8 +378,10 @@ test-bench: install install-torch
 # job (slow; CI runs it after `make test`). Each job mostly waits out a
 # timeout, so the two backends run side by side (the bound each check
 # allows past the timeout is unchanged).
-test-faults: install
+test-faults: install install-torch
 	$(call both-backends,faults,tests/test_fault_phases.py -m faults)
+	$(call DURATIONS_FILE,faults-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs \
+	  tests/test_fault_tolerance.py::test_killed_or_terminated_worker_resumes_through_backup_and_restore
 
 # The oldest supported Keras (KERAS_MIN), overlaid on the same environment:
 # the hooks, the architecture checks and the equivalence tests that meet

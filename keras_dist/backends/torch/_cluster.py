@@ -78,7 +78,6 @@ def initialize_multi_worker(resolver, options) -> None:
 
         raise did_not_join_error(resolver, join_timeout, error) from error
     _job["initialized"] = True
-    _job["store"] = store
     device = f"gpu:{torch.cuda.current_device()}" if gpu else f"cpu:{rank}"
     _job["device"] = device
     names = [None] * world

@@ -102,6 +102,14 @@ def all_reduce(values, op: str, differentiable: bool = False):
     return out
 
 
+def same_on_every_process(tensor) -> bool:
+    """Whether `tensor` is equal on every process (one all-reduce: the max
+    of it and of its negation give the largest and the smallest at once)."""
+    tensor = torch.as_tensor(tensor).detach().to(torch.float64).reshape(-1)
+    (extremes,) = all_reduce([torch.cat([tensor, -tensor])], "MAX")
+    return torch.equal(extremes[: tensor.numel()], -extremes[tensor.numel() :])
+
+
 def all_gather_rows(tensor, axis: int, differentiable: bool = False):
     """Every process's `tensor` concatenated along `axis` in rank order; the
     processes' sizes along `axis` may differ (padded to travel)."""

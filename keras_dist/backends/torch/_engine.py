@@ -15,7 +15,6 @@ of several processes, the process group over them:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 
@@ -167,7 +166,3 @@ def owns_variable(engine: TorchEngine, variable) -> bool:
         return False
     want = engine.torch_device
     return device.type == want.type and (want.index is None or device.index == want.index)
-
-
-def engine_of(strategy) -> Optional[TorchEngine]:
-    return strategy.extended.engine

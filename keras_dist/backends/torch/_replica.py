@@ -64,8 +64,6 @@ def split_global_batch(engine, batch):
 
 
 def _per_replica_leaves(engine, value):
-    if engine.num_replicas == 1:
-        return keras.tree.map_structure(lambda x: x if x is None else TorchPerReplica([x], 1), value)
     return keras.tree.map_structure(lambda x: x if x is None else TorchPerReplica([x], engine.num_replicas), value)
 
 
@@ -256,8 +254,6 @@ def assign_delta_in_replica(variable, value, sign):
         (delta,) = _collectives.all_reduce([delta], "MEAN")
     elif aggregation == "only_first_replica":
         (delta,) = _collectives.broadcast_from_first([delta])
-    else:
-        high, low = _collectives.all_reduce([delta], "MAX")[0], _collectives.all_reduce([delta], "MIN")[0]
-        if not torch.equal(high, low):
-            raise ValueError(differs_across_replicas_message(variable.path, aggregation, "MirroredVariable"))
+    elif not _collectives.same_on_every_process(delta):
+        raise ValueError(differs_across_replicas_message(variable.path, aggregation, "MirroredVariable"))
     return variable.assign(variable.value + delta if sign > 0 else variable.value - delta)

@@ -65,10 +65,7 @@ def check_same_global_batch(batch, kind: str) -> None:
     """Every process must hold the same global batch (each takes its rows of
     it): a clear error where they differ, as when each worker shuffles its
     input its own way, never a mixed batch trained in silence."""
-    mine = _fingerprint(batch)
-    (extremes,) = _collectives.all_reduce([torch.cat([mine, -mine])], "MAX")  # the largest and the smallest, at once
-    high, low = extremes[: mine.numel()], -extremes[mine.numel() :]
-    if not torch.equal(high, low):
+    if not _collectives.same_on_every_process(_fingerprint(batch)):
         raise ValueError(
             f"The workers' global batches differ at this {kind} step: each worker must pass the same data in the "
             "same order (every worker takes its own rows of each global batch). Shuffled or random input must be "

@@ -369,3 +369,17 @@ def test_one_process_distribute_datasets_from_function():
             for b in strategy.distribute_datasets_from_function(dataset_fn)]
     assert contexts == [(1, 0, 1)]
     np.testing.assert_allclose(sums, [x[i : i + 10].sum() for i in range(0, 30, 10)], rtol=1e-5)
+
+
+def test_the_same_batch_check_takes_nan_and_string_inputs():
+    """The step's same-batch check reads NaN as a value (NaN equals nothing,
+    itself included) and counts the rows of inputs it cannot sum."""
+    import torch
+
+    from keras_dist.backends.torch import _collectives, _step
+
+    assert _collectives.same_on_every_process(torch.tensor([1.0, float("nan"), float("inf")]))
+    batch = (np.array([[1.0], [np.nan]], "float32"), np.array(["a", "b"]))
+    fingerprint = _step._fingerprint(batch)
+    assert torch.isfinite(fingerprint).all() and fingerprint.tolist()[-1] == 2.0
+    _step.check_same_global_batch(batch, "train")  # one process: its own batch

@@ -102,10 +102,16 @@ def all_reduce(values, op: str, differentiable: bool = False):
     return out
 
 
+#: What a NaN compares as in `same_on_every_process` (NaN equals nothing,
+#: itself included; a NaN on every process is the same value there).
+_NAN_STANDS_FOR = 1.2345e300
+
+
 def same_on_every_process(tensor) -> bool:
     """Whether `tensor` is equal on every process (one all-reduce: the max
     of it and of its negation give the largest and the smallest at once)."""
     tensor = torch.as_tensor(tensor).detach().to(torch.float64).reshape(-1)
+    tensor = torch.nan_to_num(tensor, nan=_NAN_STANDS_FOR, posinf=float("inf"), neginf=float("-inf"))
     (extremes,) = all_reduce([torch.cat([tensor, -tensor])], "MAX")
     return torch.equal(extremes[: tensor.numel()], -extremes[tensor.numel() :])
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import numpy as np
 import torch
 
 from keras_dist import _heartbeat as heartbeat
@@ -52,12 +53,17 @@ def _fingerprint(batch) -> torch.Tensor:
     for leaf in keras.tree.flatten(batch):
         if leaf is None:
             continue
-        flat = torch.as_tensor(keras.ops.convert_to_numpy(leaf) if not isinstance(leaf, torch.Tensor) else leaf)
-        flat = flat.detach().reshape(-1)
+        rows = torch.tensor([float(leaf.shape[0] if len(leaf.shape) else 0)], dtype=torch.float64)
+        if not isinstance(leaf, torch.Tensor):
+            leaf = np.asarray(leaf)
+            if not (np.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_):
+                parts.append(rows)  # strings or objects: their row count alone
+                continue
+        flat = torch.as_tensor(leaf).detach().reshape(-1)
         flat = flat[:: max(1, flat.numel() // _FINGERPRINT_SAMPLES)].to(torch.float64).cpu()
+        flat = torch.nan_to_num(flat, nan=0.5, posinf=2.0, neginf=-2.0)  # NaN in the data is data: the same everywhere
         weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
-        parts.append(torch.stack([torch.tensor(float(leaf.shape[0] if len(leaf.shape) else 0), dtype=torch.float64),
-                                  flat.sum(), (flat * weights).sum()]))
+        parts.append(torch.cat([rows, flat.sum().reshape(1), (flat * weights).sum().reshape(1)]))
     return torch.cat(parts) if parts else torch.zeros(1, dtype=torch.float64)
 
 

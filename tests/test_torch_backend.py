@@ -89,6 +89,7 @@ def test_one_process_custom_loop_as_plain_keras():
     want = float(keras.ops.sum(keras.losses.mean_squared_error(y[:16], reference(x[:16]))) / 16)
     assert losses[0] == pytest.approx(want, abs=1e-6)
     assert strategy.gather(strategy.run(lambda a: a, args=(next(iter(strategy.experimental_distribute_dataset([(x[:3],)])))[0],)), axis=0).shape == (3, 5)
+    assert strategy.gather(x[:2], axis=0).shape == (2, 5)  # a value not distributed comes back as it is, as in tf
 
 
 def test_what_torch_cannot_do_is_one_clear_error():
@@ -149,6 +150,7 @@ def test_two_workers_train_as_one_device(torch_jobs, build):
     for result in torch_jobs(build):
         assert result["replicas"] == 2
         assert result["probes"]["counter"] == 10 + 2 - 6  # each replica's +1, and -3 (its rows), summed
+        assert result["probes"]["gather_plain_rows"] == 2  # a value not distributed: as it is, as in tf
         assert result["probes"]["averaging_loss_in_run"].startswith("refused: The loss 'mean_squared_error' averages")
         assert result["probes"]["stateful_rnn"].startswith("refused")
         for key, value in result["probes"]["two_output_logs"].items():

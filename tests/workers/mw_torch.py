@@ -124,6 +124,7 @@ def probes(run_strategy):
         except ValueError as error:
             out["averaging_loss_in_run"] = f"refused: {str(error)[:40]}"
     out["counter"] = float(keras.ops.convert_to_numpy(counter.value))
+    out["gather_plain_rows"] = int(run_strategy.gather(x[:2], axis=0).shape[0])  # not distributed: as it is
     with run_strategy.scope():
         keras.utils.set_random_seed(1)
         rnn = keras.Sequential([keras.Input((3, 2), batch_size=4), keras.layers.LSTM(2, stateful=True)])

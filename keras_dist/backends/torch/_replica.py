@@ -186,8 +186,8 @@ def reduce(engine, reduce_op, value, axis):
 
 def gather(engine, value, axis):
     local = _as_tensor(_component(value))
-    if not isinstance(value, PerReplica):
-        return torch.cat([local] * engine.num_replicas, dim=axis % max(local.ndim, 1)) if engine.num_replicas > 1 else local
+    if not isinstance(value, PerReplica):  # not distributed: as it is, as tf gives it back
+        return local
     return _collectives.all_gather_rows(local, axis)
 
 

@@ -51,16 +51,23 @@ def _first_leaf(batch):
     return next((x for x in keras.tree.flatten(batch) if x is not None), None)
 
 
-def split_global_batch(engine, batch):
-    """This process's contiguous rows of one global batch (sizes differ by
-    at most one row, larger ones first), as a per-replica value."""
-    data = keras.tree.map_structure(_tensor, batch)
+def replica_rows(engine, data):
+    """`(start, stop, global_rows, local)`: this process's contiguous rows of
+    the global batch `data` (sizes differ by at most one row, larger ones
+    first); `local` is None where `data` has no arrays."""
     first = _first_leaf(data)
     if first is None:
-        return data
-    start, stop = shard_bounds(int(first.shape[0]), engine.num_replicas)[engine.replica_id]
-    local = keras.tree.map_structure(lambda x: None if x is None else x[start:stop], data)
-    return _per_replica_leaves(engine, local)
+        return 0, 0, 0, None
+    rows = int(first.shape[0])
+    start, stop = shard_bounds(rows, engine.num_replicas)[engine.replica_id]
+    return start, stop, rows, keras.tree.map_structure(lambda x: None if x is None else x[start:stop], data)
+
+
+def split_global_batch(engine, batch):
+    """This process's rows of one global batch, as a per-replica value."""
+    data = keras.tree.map_structure(_tensor, batch)
+    local = replica_rows(engine, data)[3]
+    return data if local is None else _per_replica_leaves(engine, local)
 
 
 def _per_replica_leaves(engine, value):

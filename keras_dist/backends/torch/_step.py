@@ -26,20 +26,12 @@ import torch
 from keras_dist import _heartbeat as heartbeat
 from keras_dist import _metric_state, _moments, _shard
 from keras_dist._engine_kind import EngineKind
-from keras_dist._split import shard_bounds
-from keras_dist.backends.torch import _cluster, _collectives
-
-
-def _rows(data) -> int:
-    first = next((x for x in keras.tree.flatten(data) if x is not None), None)
-    return 0 if first is None else int(first.shape[0])
+from keras_dist.backends.torch import _cluster, _collectives, _replica
 
 
 def _local_rows(engine, data):
-    rows = _rows(data)
-    start, stop = shard_bounds(rows, engine.num_replicas)[engine.replica_id]
-    local = keras.tree.map_structure(lambda x: None if x is None else x[start:stop], data)
-    return _shard.Shard(stop - start, rows, start, replicas=engine.num_replicas), local
+    start, stop, rows, local = _replica.replica_rows(engine, data)
+    return _shard.Shard(stop - start, rows, start, replicas=engine.num_replicas), data if local is None else local
 
 
 #: Elements of each input a step's fingerprint reads (a stride through it).

@@ -35,3 +35,14 @@ class ReduceOp(enum.Enum):
             f"Unknown reduce op {value!r}. Use keras_dist.ReduceOp.SUM or "
             "keras_dist.ReduceOp.MEAN (or the strings 'SUM' / 'MEAN')."
         )
+
+
+def check_summable(reduce_op: ReduceOp, num_replicas: int) -> None:
+    """tf refuses to SUM a value the strategy never distributed over several
+    replicas (which copies would it add?); every backend says so the same way."""
+    if reduce_op is ReduceOp.SUM and num_replicas > 1:
+        raise ValueError(
+            f"Cannot SUM a value that is not distributed across {num_replicas} "
+            "replicas (tf refuses it too: it is not a PerReplica value). Reduce "
+            "what strategy.run returned, or use ReduceOp.MEAN, which gives the value back."
+        )

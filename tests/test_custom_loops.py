@@ -802,3 +802,53 @@ def test_apply_gradients_inside_run_moves_a_variable_once_whatever_its_aggregati
     total = sum(r + 1.0 for r in range(strategy.num_replicas_in_sync))
     np.testing.assert_allclose(float(keras.ops.convert_to_numpy(var.value)), 2.0 - 2 * 0.05 * total, rtol=1e-6, atol=1e-6)
     assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 2
+
+
+@pytest.mark.parametrize("strategy_name", sorted(_LOOP_STRATEGIES) + ["default"])
+def test_reduce_and_gather_of_a_value_never_distributed_and_of_one_equal_on_every_replica(strategy_name):
+    """tf's rules, on every strategy: a value the strategy never distributed
+    gathers as it is, MEANs to itself, and cannot be SUMmed over several
+    replicas (a clear error); `run`'s result that is equal on every replica
+    (a PerReplica in tf, a plain array on JAX) is one copy per replica. JAX
+    gathered the first once per replica ((8, 3) on 4 replicas, tf (2, 3))
+    and refused to SUM the second; TensorFlow's refusal named no fix."""
+    strategy = keras_dist.get_strategy() if strategy_name == "default" else _LOOP_STRATEGIES[strategy_name]()
+    n = strategy.num_replicas_in_sync
+    plain = np.arange(6, dtype="float32").reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(strategy.gather(plain, axis=0)), plain)
+    np.testing.assert_array_equal(np.asarray(strategy.reduce("MEAN", plain, axis=None)), plain)
+    if n > 1:
+        with pytest.raises(ValueError, match=f"Cannot SUM a value that is not distributed across {n} replicas"):
+            strategy.reduce("SUM", plain, axis=None)
+    else:
+        np.testing.assert_array_equal(np.asarray(strategy.reduce("SUM", plain, axis=None)), plain)
+
+    def check_equal_on_every_replica(same, gather, total, mean, row_totals):
+        np.testing.assert_array_equal(np.asarray(gather), np.concatenate([plain] * n))
+        np.testing.assert_allclose(np.asarray(total), plain * n)
+        np.testing.assert_allclose(np.asarray(mean), plain)
+        np.testing.assert_allclose(np.asarray(row_totals), plain.sum(axis=0) * n)
+
+    def ops_on(same):
+        return (
+            same,
+            strategy.gather(same, axis=0),
+            strategy.reduce("SUM", same, axis=None),
+            strategy.reduce("MEAN", same, axis=None),
+            strategy.reduce("SUM", same, axis=0),
+        )
+
+    def same_everywhere():
+        return strategy.run(lambda: keras.ops.convert_to_tensor(plain))
+
+    check_equal_on_every_replica(*ops_on(same_everywhere()))
+    if BACKEND == "jax":  # inside jit, run's results are tracers: run remembers which are per replica
+        import jax
+
+        check_equal_on_every_replica(*jax.jit(lambda: ops_on(same_everywhere()))())
+        traced_plain = jax.jit(lambda x: strategy.gather(x, axis=0))(plain)
+        np.testing.assert_array_equal(np.asarray(traced_plain), plain)
+    if strategy_name == "mirrored-4":  # a mirrored variable's value: one copy per replica
+        with strategy.scope():
+            variable = keras.Variable(plain)
+        np.testing.assert_allclose(np.asarray(strategy.reduce("SUM", variable.value, axis=None)), plain * n)

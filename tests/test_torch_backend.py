@@ -151,6 +151,7 @@ def test_two_workers_train_as_one_device(torch_jobs, build):
         assert result["replicas"] == 2
         assert result["probes"]["counter"] == 10 + 2 - 6  # each replica's +1, and -3 (its rows), summed
         assert result["probes"]["gather_plain_rows"] == 2  # a value not distributed: as it is, as in tf
+        assert result["probes"]["sum_plain"].startswith("refused: Cannot SUM a value that is not distributed across 2 ")
         assert result["probes"]["averaging_loss_in_run"].startswith("refused: The loss 'mean_squared_error' averages")
         assert result["probes"]["stateful_rnn"].startswith("refused")
         for key, value in result["probes"]["two_output_logs"].items():

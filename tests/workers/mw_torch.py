@@ -125,6 +125,11 @@ def probes(run_strategy):
             out["averaging_loss_in_run"] = f"refused: {str(error)[:40]}"
     out["counter"] = float(keras.ops.convert_to_numpy(counter.value))
     out["gather_plain_rows"] = int(run_strategy.gather(x[:2], axis=0).shape[0])  # not distributed: as it is
+    try:
+        run_strategy.reduce("SUM", x[:2], axis=None)
+        out["sum_plain"] = "summed"
+    except ValueError as error:
+        out["sum_plain"] = f"refused: {str(error)[:60]}"
     with run_strategy.scope():
         keras.utils.set_random_seed(1)
         rnn = keras.Sequential([keras.Input((3, 2), batch_size=4), keras.layers.LSTM(2, stateful=True)])

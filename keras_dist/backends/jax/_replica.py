@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from keras_dist import _context
-from keras_dist._reduce import ReduceOp
+from keras_dist._reduce import ReduceOp, check_summable
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_sizes
 from keras_dist._values import PerReplica
@@ -309,6 +309,7 @@ def run(strategy, engine, fn, args, kwargs):
     wrapped = []
     for value, (kind, counts) in zip(outputs, out_kinds):
         if kind == "replicated":
+            _remember_replicated(value)
             wrapped.append(value)
         elif engine.num_replicas == 1:  # one replica: its value, as tf's OneDeviceStrategy.run gives it
             wrapped.append(value if counts is not None else value[0])
@@ -409,6 +410,35 @@ def _compile_run(strategy, engine, fn, treedef, kinds, static, batch_counts, dyn
 # -- cross-replica --------------------------------------------------------
 
 
+#: `run`'s results that are equal on every replica come back as plain arrays
+#: (so they pass through jit and `float()`), where tf gives a PerReplica. Inside
+#: `jax.jit` they are tracers whose placement is unknown, so `run` remembers
+#: them (by identity, the most recent `_REPLICATED_SIZE`): `reduce` and
+#: `gather` then treat them as one component per replica, as tf does.
+_replicated_results: "collections.OrderedDict" = collections.OrderedDict()
+_REPLICATED_SIZE = 256
+
+
+def _remember_replicated(value):
+    if _is_tracer(value):
+        _replicated_results[id(value)] = value  # kept, so its id is not reused
+        while len(_replicated_results) > _REPLICATED_SIZE:
+            _replicated_results.popitem(last=False)
+
+
+def _is_replicated(engine, value) -> bool:
+    """Whether `value` is one copy per replica (a result of `run` equal on
+    every replica, or an array mirrored over the strategy's devices), not a
+    value the strategy never distributed."""
+    if _is_tracer(value):
+        return _replicated_results.get(id(value)) is value
+    return (
+        isinstance(value, jax.Array)
+        and value.sharding.device_set == set(engine.devices)
+        and value.sharding.is_fully_replicated
+    )
+
+
 def _components(value):
     if isinstance(value, PerReplica):
         return list(value.values)
@@ -422,15 +452,13 @@ def reduce(engine, reduce_op, value, axis):
         return total / num if reduce_op is ReduceOp.MEAN else total
     parts = _components(value)
     if parts is None:
-        if reduce_op is ReduceOp.MEAN or num == 1:
-            return value if axis is None else (
-                jnp.mean(value, axis=axis) if reduce_op is ReduceOp.MEAN else jnp.sum(value, axis=axis)
-            )
-        raise ValueError(
-            "Cannot SUM a value that is not per-replica across "
-            f"{num} replicas: it is the same on every replica. Reduce the "
-            "PerReplica value returned by strategy.run instead."
-        )
+        if reduce_op is ReduceOp.MEAN or num == 1 or _is_replicated(engine, value):
+            if axis is None:
+                return value if reduce_op is ReduceOp.MEAN else value * num
+            if reduce_op is ReduceOp.MEAN:
+                return jnp.mean(value, axis=axis)
+            return jnp.sum(value, axis=axis) * num
+        check_summable(reduce_op, num)
     if axis is None:
         shapes = {tuple(np.shape(p)) for p in parts}
         if len(shapes) != 1:
@@ -448,8 +476,12 @@ def reduce(engine, reduce_op, value, axis):
 
 
 def gather(engine, value, axis):
+    """The replicas' components of `value` concatenated along `axis`; a value
+    the strategy never distributed comes back as it is, as in tf."""
     parts = _components(value)
     if parts is None:
+        if not _is_replicated(engine, value):
+            return value
         parts = [value] * engine.num_replicas
     return jnp.concatenate([jnp.asarray(p) for p in parts], axis=axis)
 

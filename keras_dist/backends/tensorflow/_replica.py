@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import values as tf_values
 
 from keras_dist import _context
+from keras_dist._reduce import ReduceOp, check_summable
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_bounds
 from keras_dist._input import DistributedDataset, DistributedIterator
@@ -164,6 +165,12 @@ def _lifted(strategy, engine, fn):
 
 
 def reduce(engine, reduce_op, value, axis):
+    if not isinstance(value, (tf.distribute.DistributedValues, DistributedValues)):
+        check_summable(reduce_op, engine.num_replicas_in_sync)  # tf's own error names no fix
+    if reduce_op is ReduceOp.SUM and isinstance(value, tf_values.Mirrored):
+        # one copy per replica (tf asserts instead): their sum, as JAX gives it
+        total = tf.convert_to_tensor(value) if axis is None else tf.reduce_sum(value, axis=axis)
+        return total * tf.cast(engine.num_replicas_in_sync, total.dtype)
     return engine.reduce(_TF_OPS[reduce_op.value], value, axis=axis)
 
 

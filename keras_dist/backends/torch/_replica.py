@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from keras_dist import _context
-from keras_dist._reduce import ReduceOp
+from keras_dist._reduce import ReduceOp, check_summable
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_bounds
 from keras_dist._values import PerReplica, differs_across_replicas_message
@@ -181,7 +181,8 @@ def reduce(engine, reduce_op, value, axis):
         local = torch.sum(local, dim=axis)
     if per_replica:
         (total,) = _collectives.all_reduce_sum([local])
-    else:  # the same on every replica: tf sums the replicas' copies
+    else:  # never distributed: MEAN gives it back, SUM is refused (as tf)
+        check_summable(reduce_op, num)
         total = local * num
     if reduce_op is ReduceOp.SUM:
         return total

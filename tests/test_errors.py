@@ -491,3 +491,16 @@ def test_a_one_shot_generator_is_read_once_then_refused(make_strategy):
             pass
     again = strategy.experimental_distribute_dataset([x[:8], x[8:]])  # a list: read again and again
     assert len(list(again)) == len(list(again)) == 2
+
+
+@pytest.mark.parametrize("kind", sorted(_CROSS_REPLICA_STRATEGIES))
+def test_run_inside_run_is_refused_as_in_tf(kind):
+    """`strategy.run` inside `strategy.run` needs cross-replica context, as tf
+    says (JAX gave a `shard_map` mesh error); the outer strategy still runs."""
+    strategy = _CROSS_REPLICA_STRATEGIES[kind]()
+    with pytest.raises(RuntimeError, match=r"strategy.run requires cross-replica context.*merge_call"):
+        strategy.run(lambda: strategy.run(lambda: keras.ops.ones(())))
+    ones = strategy.run(lambda: keras.ops.ones(()))
+    assert [float(v) for v in strategy.experimental_local_results(ones)] == [1.0] * len(
+        strategy.experimental_local_results(ones)
+    )

@@ -90,6 +90,8 @@ def test_one_process_custom_loop_as_plain_keras():
     assert losses[0] == pytest.approx(want, abs=1e-6)
     assert strategy.gather(strategy.run(lambda a: a, args=(next(iter(strategy.experimental_distribute_dataset([(x[:3],)])))[0],)), axis=0).shape == (3, 5)
     assert strategy.gather(x[:2], axis=0).shape == (2, 5)  # a value not distributed comes back as it is, as in tf
+    with pytest.raises(RuntimeError, match="strategy.run requires cross-replica context"):  # as in tf
+        strategy.run(lambda: strategy.run(lambda: 1.0))
 
 
 def test_what_torch_cannot_do_is_one_clear_error():

@@ -309,6 +309,13 @@ class Strategy:
         """
         if not callable(fn):
             raise TypeError(f"strategy.run needs a callable, got {fn!r}.")
+        if _context.replica_context() is not None:
+            raise RuntimeError(
+                "strategy.run requires cross-replica context, but it was called "
+                "inside another strategy.run (replica context), as in tf. Call the "
+                "function directly there (it already runs on every replica), or "
+                "leave the replica function with get_replica_context().merge_call(fn)."
+            )
         _check_run_options(options)
         if not isinstance(args, (tuple, list)):
             raise TypeError(

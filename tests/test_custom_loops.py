@@ -751,6 +751,57 @@ def test_a_state_in_state_out_loop_compiles_its_step_once(make_strategy, outer_j
     assert after_each_step[-1] - after_each_step[0] == once_more, (after_each_step, compiles[after_each_step[0]:])
 
 
+
+@pytest.mark.skipif(BACKEND != "jax", reason="jax.jit over the variables' values is JAX's loop")
+@pytest.mark.parametrize("outer_jit", [False, True], ids=["run", "jit-of-run"])
+@pytest.mark.parametrize("strategy_name", sorted(_LOOP_STRATEGIES) + ["default"])
+def test_a_loop_that_writes_the_state_back_every_step_trains_as_one_device(strategy_name, outer_jit):
+    """The JAX guide's loop that reads the variables' values, steps, and
+    assigns the new state back every step (SGD with momentum, BatchNorm,
+    uneven batches): the same weights as one device. Under
+    CentralStorageStrategy a `jax.jit` over `run` failed at the second step
+    ("incompatible devices"): the assigned values were pinned to the
+    parameter device, beside a batch on the compute devices."""
+    import jax
+
+    x, y = make_data(64)
+    loss_fn = keras.losses.MeanSquaredError(reduction="none")
+
+    def train(strategy):
+        with strategy.scope():
+            model = _batch_norm_model()
+            optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+            optimizer.build(model.trainable_variables)
+        groups = (model.trainable_variables, model.non_trainable_variables, optimizer.variables)
+
+        def compute_loss(trainable, non_trainable, x, y):
+            y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
+            return keras_dist.compute_average_loss(loss_fn(y, y_pred)), non_trainable
+
+        gradients = jax.value_and_grad(compute_loss, has_aux=True)
+
+        def train_step(state, data):
+            trainable, non_trainable, optimizer_variables = state
+            (loss, non_trainable), grads = gradients(trainable, non_trainable, *data)
+            trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
+            return loss, (trainable, non_trainable, optimizer_variables)
+
+        step = lambda state, data: strategy.run(train_step, args=(state, data))  # noqa: E731
+        step = jax.jit(step) if outer_jit else step
+        batches = [(x[i : i + 15], y[i : i + 15]) for i in range(0, 64, 15)]  # 15 rows: uneven over 4 replicas
+        for data in strategy.experimental_distribute_dataset(batches):
+            _, state = step(tuple([v.value for v in group] for group in groups), data)
+            for group, values in zip(groups, state):
+                for variable, value in zip(group, values):
+                    variable.assign(value)
+        return model.get_weights() + [keras.ops.convert_to_numpy(v) for v in optimizer.variables]
+
+    expected = train(keras_dist.get_strategy())
+    strategy = keras_dist.get_strategy() if strategy_name == "default" else _LOOP_STRATEGIES[strategy_name]()
+    for want, got in zip(expected, train(strategy)):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
 _APPLY_STRATEGIES = {
     "mirrored-4": lambda: keras_dist.MirroredStrategy([f"cpu:{i}" for i in range(4)]),
     "central-storage-4": lambda: keras_dist.CentralStorageStrategy([f"cpu:{i}" for i in range(4)]),

@@ -15,8 +15,8 @@ from keras_dist.backends import get_adapter
 def wrap_distribute_tensor(original):
     def distribute_tensor(tensor, layout):
         adapter = get_adapter()
-        if _context.current_strategy() is None:
-            return original(tensor, layout)
+        if _context.current_strategy() is None:  # the adapter leaves alone what no strategy placed
+            return adapter.place_variable_value(original(tensor, layout), layout)
         if adapter.is_multi_process():
             (tensor,) = adapter.values_from_chief([tensor])
         return adapter.place_variable_value(original(tensor, layout), layout)

@@ -98,9 +98,10 @@ class MultiProcessJobs(typing.Protocol):
         point. Unchanged outside a multi-process job."""
 
     def place_variable_value(self, value: Any, layout: Any) -> Any:
-        """A variable's new value (created or assigned under a strategy, as
-        Keras placed it for the variable's `layout`) placed exactly as the
-        layout says. Optional: the default returns `value`. (JAX: Keras
+        """A variable's new value (created or assigned, as Keras placed it
+        for the variable's `layout`) placed exactly as the layout says; a
+        layout no strategy made is left as Keras placed it, outside a
+        strategy's scope too. Optional: the default returns `value`. (JAX: Keras
         keeps an array whose placement is only equivalent, such as one on
         device 0 for a one-device mesh there, and a jitted step given it
         compiles again once it gets the layout's own placement back.)"""

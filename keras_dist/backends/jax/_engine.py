@@ -8,10 +8,12 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import keras
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from keras_dist import _context
 from keras_dist._cross_device_ops import ReductionToOneDevice, _PackedAllReduce
 from keras_dist._engine_kind import EngineKind, engine_builder
 from keras_dist.backends.jax import _cluster
@@ -281,6 +283,8 @@ def place_variable_value(value, layout):
         isinstance(sharding, NamedSharding)
         and sharding.mesh.axis_names == (PARAMETER_AXIS,)
     ):
+        return _uncommitted_on(sharding, value)
+    if _context.current_strategy() is None:  # outside every scope: as plain Keras placed it
         return value
     if (
         isinstance(value, jax.Array)
@@ -291,6 +295,24 @@ def place_variable_value(value, layout):
         and value.sharding.is_equivalent_to(sharding, value.ndim)
     ):
         return jax.device_put(value, sharding)
+    return value
+
+
+def _uncommitted_on(parameter_sharding, value):
+    """`value` uncommitted, as Keras placed the initial values, where the
+    parameter device is JAX's default device: an `assign` of a step's
+    result (committed) otherwise pinned it, and the next `jax.jit` over the
+    state and a batch refused it ("incompatible devices"). JAX offers no
+    uncommitted copy of an array but through the host: one copy per assign
+    (the fit step writes back once per epoch)."""
+    if (
+        isinstance(value, jax.Array)
+        and not isinstance(value, jax.core.Tracer)
+        and value.committed
+        and not value.is_deleted()
+        and parameter_sharding.device_set == jnp.zeros(()).sharding.device_set
+    ):
+        return jax.device_put(np.asarray(value))
     return value
 
 

@@ -198,6 +198,8 @@ def test_bad_inputs_raise_one_clear_error_each_before_any_change(one_worker_one_
     assert "does not take batch_size" in errors["batch_size with a function"]
     assert errors["train_on_batch"].startswith("NotImplementedError")
     assert "created outside any strategy scope" in errors["model made outside the scope"]
+    assert "created outside any strategy scope" in errors["model made outside every scope"]
+    assert errors["a function returning arrays"].startswith("TypeError: The dataset function '<lambda>' returned a tuple of arrays")
     assert "created outside the scope" in errors["metric made outside the scope"]
     assert errors["jit_compile function"].startswith("ValueError: ClusterCoordinator.schedule got a tf.function(jit_compile=True)")
     assert report["unchanged"] and report["iterations"] == 0
@@ -247,9 +249,40 @@ def test_experimental_names():
     partitioners = keras_dist.experimental.partitioners
     assert partitioners.MinSizePartitioner.__module__ == "keras_dist._partitioners"
     creator = keras_dist.experimental.DatasetCreator(lambda context: context)
-    assert creator("ctx") == "ctx"
+    assert creator(["batch"]) == ["batch"]
     with pytest.raises(TypeError, match="takes a function"):
         keras_dist.experimental.DatasetCreator([1, 2])
+
+
+@pytest.mark.parametrize(
+    "returned, what",
+    [
+        (None, "None"),
+        (np.zeros((4, 2)), "an array of shape"),
+        ((np.zeros((4, 2)), np.zeros((4,))), "a tuple of arrays"),
+        ({"x": np.zeros((4, 2))}, "a dict of arrays"),
+        (3, "a value of type int"),
+    ],
+    ids=["none", "array", "x-y-tuple", "dict", "number"],
+)
+def test_a_dataset_function_returning_data_not_a_dataset_is_one_clear_error(returned, what):
+    """tf.keras' DatasetCreator refused a function that returns no dataset;
+    keras_dist's runs it on each worker (the cluster tests show the error
+    reaching `fit` and `create_per_worker_dataset`), checked the same way."""
+    from keras_dist.strategies._parameter_server import call_dataset_fn
+
+    def dataset_fn(input_context):
+        return returned
+
+    for call in (
+        lambda: keras_dist.experimental.DatasetCreator(dataset_fn)(keras_dist.InputContext()),
+        lambda: call_dataset_fn(dataset_fn, keras_dist.InputContext()),
+        lambda: call_dataset_fn(lambda: returned, None),
+    ):
+        with pytest.raises(TypeError, match=f"returned {what}.*not a dataset.*repeat"):
+            call()
+    batches = [(np.zeros((2, 2)), np.zeros((2,)))]
+    assert call_dataset_fn(lambda: batches, None) is batches  # a list of batches is a dataset
 
 
 def test_server_checks_its_arguments():
@@ -360,3 +393,13 @@ def test_example_through_the_launcher():
         assert re.search(r"^\[chief\] keras_dist: the parameter-server cluster is up after \d+\.\d s$", result.stderr, re.M)
     else:
         assert re.search(r"^keras-dist launch: every ps and worker server is up after \d+\.\d s$", result.stderr, re.M)
+
+
+def test_fit_of_a_model_made_outside_every_scope_given_a_dataset_creator_names_the_scope():
+    """Plain Keras said "Unrecognized data type: x=DatasetCreator(...)"."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    creator = keras_dist.experimental.DatasetCreator(lambda context: [(np.zeros((2, 2)), np.zeros((2, 1)))])
+    with pytest.raises(ValueError, match="created outside any strategy scope.*strategy.scope"):
+        model.fit(creator, epochs=1, steps_per_epoch=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0

@@ -421,6 +421,13 @@ def test_bad_inputs_one_clear_error_each_before_any_state_changes(one_one):
     with pytest.raises(RuntimeError, match="Schedule it"):
         step(iter([]))
 
+    # a dataset function returning data, not a dataset: the worker's clear error, at fetch and the next join
+    bad = iter(coordinator.create_per_worker_dataset(lambda: (x, y)))
+    with pytest.raises(TypeError, match="returned a tuple of arrays, not a dataset"):  # made on the worker
+        coordinator.schedule(lambda it: next(it), args=(bad,)).fetch()
+    with pytest.raises(TypeError, match="returned a tuple of arrays"):  # and once at the next join, as in tf
+        coordinator.join()
+
 
 @pytest.mark.starts_processes
 def test_ray_is_optional_and_imported_only_by_the_jax_engine():

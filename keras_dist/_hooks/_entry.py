@@ -114,6 +114,25 @@ def wrap_compile(original):
     return compile
 
 
+def _check_no_dataset_creator(name, signature, model, args, kwargs):
+    """A `DatasetCreator` only a model of a ParameterServerStrategy takes;
+    plain Keras says "Unrecognized data type" of it."""
+    from keras_dist.strategies._parameter_server import DatasetCreator
+
+    if name != "fit":
+        return
+    try:
+        x = signature.bind(model, *args, **kwargs).arguments.get("x")
+    except TypeError:
+        return  # Keras' own error
+    if isinstance(x, DatasetCreator):
+        raise ValueError(
+            "fit got a keras_dist DatasetCreator, which a model takes only under a "
+            "ParameterServerStrategy, but this model was created outside any strategy "
+            "scope. Create and compile it inside `with strategy.scope():`."
+        )
+
+
 def wrap_entry(name: str):
     """The wrapper maker for `Model.<name>` (one of `ENTRY_POINTS`)."""
 
@@ -125,6 +144,7 @@ def wrap_entry(name: str):
             strategy = model_strategy(self)
             _check_scope(self, strategy, name)
             if strategy is None:  # plain Keras, given the default strategy's distributed datasets' batches
+                _check_no_dataset_creator(name, signature, self, args, kwargs)
                 args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, None, self, args, kwargs)
                 return original(self, *args, **kwargs)
             if _ps_fit.is_parameter_server(strategy) and name in ("fit", "train_on_batch"):

@@ -182,23 +182,50 @@ class DatasetCreator:
         self.input_options = input_options
 
     def __call__(self, *args, **kwargs):
-        return self.dataset_fn(*args, **kwargs)
+        return check_dataset_fn_result(self.dataset_fn(*args, **kwargs), self.dataset_fn)
 
     def __repr__(self) -> str:
         return f"DatasetCreator({self.dataset_fn!r})"
 
 
+def check_dataset_fn_result(result: Any, dataset_fn: Callable) -> Any:
+    """`result` if it is a dataset (anything iterated for batches: a
+    `tf.data.Dataset`, a `PyDataset`, a generator, a list of batches);
+    data itself, the common slip, is one clear error (tf.keras'
+    DatasetCreator refused a non-dataset too)."""
+    name = getattr(dataset_fn, "__name__", type(dataset_fn).__name__)
+    if result is None:
+        what = "None (is a `return` missing?)"
+    elif hasattr(result, "shape") and hasattr(result, "dtype") and not hasattr(result, "element_spec"):
+        what = f"an array of shape {tuple(result.shape)}"
+    elif isinstance(result, dict) or (
+        isinstance(result, tuple) and result and all(hasattr(r, "shape") and hasattr(r, "dtype") for r in result)
+    ):
+        what = f"a {type(result).__name__} of arrays"
+    elif isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
+        what = f"a value of type {type(result).__name__}"
+    else:
+        return result
+    raise TypeError(
+        f"The dataset function {name!r} returned {what}, not a dataset. It runs on "
+        "each worker and returns batches that repeat: return "
+        "tf.data.Dataset.from_tensor_slices((x, y)).batch(n).repeat() (or a "
+        "generator of (x, y) batches), not the data itself."
+    )
+
+
 def call_dataset_fn(dataset_fn: Callable, input_context: Any) -> Any:
-    """`dataset_fn(input_context)`, or `dataset_fn()` if it takes no argument."""
+    """`dataset_fn(input_context)`, or `dataset_fn()` if it takes no
+    argument; its result checked to be a dataset."""
     import inspect
 
     if isinstance(dataset_fn, DatasetCreator):
-        return dataset_fn.dataset_fn(input_context)
+        return dataset_fn(input_context)
     try:
         parameters = inspect.signature(dataset_fn).parameters.values()
     except (TypeError, ValueError):
-        return dataset_fn(input_context)
+        return check_dataset_fn_result(dataset_fn(input_context), dataset_fn)
     takes_one = any(
         p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters
     )
-    return dataset_fn(input_context) if takes_one else dataset_fn()
+    return check_dataset_fn_result(dataset_fn(input_context) if takes_one else dataset_fn(), dataset_fn)

@@ -255,6 +255,12 @@ for mode, steps in JOBS:
             "batch_size with a function": lambda: model.fit(dataset_fn, steps_per_epoch=2, batch_size=8),
             "train_on_batch": lambda: model.train_on_batch(X[:8], Y[:8]),
             "model made outside the scope": lambda: _in_scope(lambda: outside.fit(dataset_fn, steps_per_epoch=2)),
+            "model made outside every scope": lambda: outside.fit(
+                keras_dist.experimental.DatasetCreator(dataset_fn), steps_per_epoch=2
+            ),
+            "a function returning arrays": lambda: model.fit(
+                keras_dist.experimental.DatasetCreator(lambda context: (X, Y)), steps_per_epoch=2
+            ),
             "metric made outside the scope": lambda: model.compile(
                 optimizer="sgd", loss="binary_crossentropy", metrics=[outside_metric]
             ),

@@ -21,6 +21,10 @@ Changes beyond the renaming, each needed by Keras 3 or by the backend:
   `keras_dist.experimental.DatasetCreator(dataset_fn)` (the tutorial's
   earlier text) and with a `tf.data.Dataset` (its latest; TensorFlow only:
   on JAX that is a clear error, tested in tests/test_parameter_server.py);
+- the tutorial's `assert len(emb_layer.weights) == 2` (and the shards'
+  shapes) reads `emb_layer.trainable_weights`: keras_dist's `weights` lists
+  the whole variable (a documented difference from tf.keras 2,
+  guides/parameter_server.md; the test checks both lists);
 - on JAX, where keras_dist starts the workers and ps as Ray actors,
   `create_in_process_cluster` makes no `Server` (keras_dist.Server says
   so on JAX), the fit section's data are NumPy (not tf.data: each Ray
@@ -242,7 +246,11 @@ if BACKEND == "tensorflow":
         optimizer = keras.optimizers.RMSprop(learning_rate=0.1)
         accuracy = keras.metrics.Accuracy()
 
-    report["embedding_shards"] = len(model.layers[1].trainable_weights) if hasattr(model.layers[1], "trainable_weights") else None
+    # The tutorial: `assert len(emb_layer.weights) == 2` and each shard's shape. keras_dist lists the
+    # shards in `trainable_weights` and the whole variable in `weights` (header; guides/parameter_server.md).
+    report["embedding_shards"] = len(emb_layer.trainable_weights)
+    report["embedding_shard_shapes"] = [list(w.shape) for w in emb_layer.trainable_weights]
+    report["embedding_weights"] = [list(w.shape) for w in emb_layer.weights]
     initial_values = [np.array(v.numpy()) for v in model.trainable_variables]  # not the tutorial
 
     @tf.function

@@ -13,6 +13,7 @@ import pytest
 
 import keras_dist
 
+from conftest import BACKEND
 from _helpers import FEATURES, assert_fit_evaluate_predict_match, assert_same_logs, assert_same_weights, make_data, mlp
 
 STRATEGIES = {
@@ -195,27 +196,35 @@ def test_a_float64_model_steps_in_float64():
 
 @pytest.mark.parametrize("strategy_name", STRATEGIES)
 def test_gradient_accumulation(strategy_name):
-    """`SGD(gradient_accumulation_steps=3)`: trains as one device on JAX;
-    TensorFlow (whose strategies cannot hold Keras' accumulate-or-update
-    cond, OneDevice too) refuses it as the first step is traced, naming
-    what works, with no weight or optimizer variable changed."""
+    """`SGD(gradient_accumulation_steps=3)` with momentum and clipping trains
+    as one device, on both backends. TensorFlow refused it (its strategies
+    cannot hold Keras' accumulate-or-update cond in replica context: plain
+    tf.distribute fails with "merge_call called while defining a new
+    graph"); keras_dist now applies it once in cross-replica context."""
     strategy = STRATEGIES[strategy_name]()
 
     def make_optimizer():
         return keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.05, gradient_accumulation_steps=3)
 
-    if keras.backend.backend() == "tensorflow":
-        x, y = make_data(43)
-        with strategy.scope():
-            model = mlp()
-            model.compile(optimizer=make_optimizer(), loss="binary_crossentropy")
-        before = model.get_weights()
-        with pytest.raises(NotImplementedError, match="gradient_accumulation_steps=3.*JAX backend"):
-            model.fit(x, y, batch_size=10, epochs=1, shuffle=False, verbose=0)
-        for a, b in zip(before, model.get_weights()):
-            np.testing.assert_array_equal(a, b)
-        assert _iterations(model) == 0
-        return
     reference, distributed, _ = _fit_both(strategy, make_optimizer)
     assert_same_weights(reference, distributed, atol=1e-6)
     assert _iterations(distributed) == _iterations(reference)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's LossScaleOptimizer applies inside its own cond")
+def test_loss_scaling_around_gradient_accumulation_is_one_clear_error_on_tensorflow():
+    """A LossScaleOptimizer applies its inner optimizer inside its
+    finite-gradients cond, in replica context, where the accumulating
+    update (now run in cross-replica context) cannot go: refused before
+    anything changes, naming what works."""
+    strategy = STRATEGIES["mirrored-2"]()
+    x, y = make_data(20)
+    with strategy.scope():
+        model = mlp()
+        inner = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+        model.compile(optimizer=keras.optimizers.LossScaleOptimizer(inner), loss="binary_crossentropy")
+    before = model.get_weights()
+    with pytest.raises(NotImplementedError, match="gradient_accumulation_steps=2.*loss scale"):
+        model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -241,15 +241,6 @@ def _probe_loss_scale_apply(mirrored, tmp_path):
     return _fit_probe(mirrored, keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, global_clipnorm=0.01)))
 
 
-def _probe_gradient_accumulation(mirrored, tmp_path):
-    """TensorFlow: gradient accumulation under a strategy is refused with
-    keras_dist's error (tf's own is a merge_call error)."""
-    try:
-        return _fit_probe(mirrored, keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
-    except (NotImplementedError, RuntimeError) as error:
-        return type(error).__name__
-
-
 def _probe_dropout(mirrored, tmp_path):
     """A model with Dropout in replica steps: each replica's rows of one
     device's mask (the replicas drew the same mask for their own rows)."""
@@ -557,7 +548,6 @@ PROBES = {
     "keras.src.losses.loss:reduce_values": _probe_reduce_values,
     "keras.src.backend.tensorflow.random:dropout": _probe_dropout,
     "keras.src.optimizers.loss_scale_optimizer:LossScaleOptimizer.apply": _probe_loss_scale_apply,
-    "keras.src.optimizers.base_optimizer:BaseOptimizer._backend_apply_gradients": _probe_gradient_accumulation,
     "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients": _probe_clipped_sgd,
     **{f"keras.src.backend.common.variables:Variable.{n}": _assign_delta_probe(n) for n in ("assign_add", "assign_sub")},
     "keras.src.backend.common.variables:Variable.assign": _probe_assign_on_ps,

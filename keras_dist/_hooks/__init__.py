@@ -225,12 +225,6 @@ HOOKS: tuple = (
         purpose="sum the gradients over replicas before the finite check and the inner optimizer",
     ),
     Hook(
-        "keras.src.optimizers.base_optimizer:BaseOptimizer._backend_apply_gradients",
-        _steps.wrap_backend_apply_gradients,
-        _TF,
-        purpose="gradient accumulation over several replicas: a clear error (tf cannot place its cond)",
-    ),
-    Hook(
         "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients",
         _steps.wrap_all_reduce_sum_gradients,
         _TF,

@@ -239,6 +239,23 @@ def _check_loss_scaling_supported(optimizer) -> None:
         )
 
 
+def _check_no_accumulation_under_loss_scaling(optimizer) -> None:
+    """TensorFlow: a LossScaleOptimizer applies its inner optimizer inside
+    its own finite-gradients cond in replica context, where gradient
+    accumulation's cross-replica update cannot run."""
+    from keras_dist.backends import backend_name
+
+    steps = getattr(optimizer.inner_optimizer, "gradient_accumulation_steps", None)
+    if backend_name() == "tensorflow" and steps:
+        raise NotImplementedError(
+            f"LossScaleOptimizer {optimizer.name!r} wraps an optimizer with "
+            f"gradient_accumulation_steps={steps}, which the TensorFlow backend cannot "
+            "run under a strategy: the loss scale's cond holds the accumulating "
+            "update in replica context. Accumulate without loss scaling, train "
+            "with a global batch that many times larger, or use the JAX backend."
+        )
+
+
 def wrap_loss_scale_apply(original):
     """`LossScaleOptimizer.apply` under a strategy: the gradients are summed
     over the replicas first, so the finite check (Keras takes the first
@@ -251,36 +268,11 @@ def wrap_loss_scale_apply(original):
         if summed is None:
             return original(self, grads, trainable_variables)
         _check_loss_scaling_supported(self)
+        _check_no_accumulation_under_loss_scaling(self)
         with _gradients_presummed(self.inner_optimizer, across_threads=True):
             return original(self, summed, trainable_variables)
 
     return apply
-
-
-def wrap_backend_apply_gradients(original):
-    """TensorFlow, gradient accumulation (`gradient_accumulation_steps`)
-    under a strategy (one replica too: tf's OneDeviceStrategy): Keras
-    chooses between accumulating and updating with a `cond` in replica
-    context around tf synchronisation points, which tf refuses ("merge_call
-    called while defining a new graph", as in plain tf.distribute). Refused
-    here, naming what works, as the first step is traced (before any
-    variable changes)."""
-
-    def _backend_apply_gradients(self, grads, trainable_variables):
-        if self.gradient_accumulation_steps and _context.current_strategy() is not None:
-            raise NotImplementedError(
-                f"Optimizer {self.name!r} has gradient_accumulation_steps="
-                f"{self.gradient_accumulation_steps}, which the TensorFlow backend "
-                "cannot run under a strategy: Keras picks between accumulating "
-                "and updating with a cond that holds tf.distribute synchronisation "
-                "points (plain tf.distribute fails the same way). Train with a "
-                "global batch gradient_accumulation_steps times larger (the same "
-                "math for a model without BatchNormalization), or use the JAX "
-                "backend, where keras_dist runs it as one device does."
-            )
-        return original(self, grads, trainable_variables)
-
-    return _backend_apply_gradients
 
 
 def wrap_all_reduce_sum_gradients(original):

@@ -58,7 +58,7 @@ class TensorFlowAdapter(BackendAdapter):
     create_server = staticmethod(_parameter_servers.create_server)
     variable_parts = staticmethod(_parameter_servers.variable_parts)
     assign_on_ps = staticmethod(_parameter_servers.assign_on_ps)
-    apply_optimizer = staticmethod(_parameter_servers.apply_optimizer)
+    apply_optimizer = staticmethod(_replica.apply_optimizer)
     # measurement
     time_all_reduce = staticmethod(_time.time_all_reduce)
     # the backend library's own objects

@@ -341,3 +341,46 @@ def distribute_dataset_natively(engine, dataset, first_replica, kind, options):
 
     sharded = dataset.flat_map(shards)
     return engine.distribute_datasets_from_function(lambda context: sharded, options=tf_options)
+
+
+# -- gradient accumulation --------------------------------------------------
+
+
+def apply_optimizer(optimizer, build, apply):
+    """Keras' `optimizer.apply` (`apply()`, whose gradients are the global
+    batch's: summed over the replicas before it). With
+    `gradient_accumulation_steps`, in a replica of a strategy, it runs once
+    in cross-replica context (tf's merge_call; `apply` is the first
+    replica's, whose summed gradients every replica shares): Keras picks
+    between accumulating and updating with a cond, and tf cannot hold its
+    synchronisation points inside a cond in replica context ("merge_call
+    called while defining a new graph", plain tf.distribute too); in
+    cross-replica context each write is `extended.update` of the summed
+    gradient, as one device makes it. Otherwise, and in a parameter
+    server's scheduled function, as before."""
+    from keras_dist.backends.tensorflow import _exactly_once, _parameter_servers
+
+    context = tf.distribute.get_replica_context()
+    if (
+        not getattr(optimizer, "gradient_accumulation_steps", None)
+        or context is None  # cross-replica already
+        or not tf.distribute.has_strategy()
+        or _exactly_once.in_closure()
+    ):
+        return _parameter_servers.apply_optimizer(optimizer, build, apply)
+    if build is not None:
+        build_outside_replicas(build)
+
+    def merge_fn(strategy):
+        # Keras' TF optimizer writes through tf's `maybe_merge_call`, which
+        # asks for a replica context unless the strategy uses none: here, in
+        # cross-replica context, it must call its function directly. The
+        # replicas wait in merge_call meanwhile; the instance attribute goes.
+        extended = strategy.extended
+        extended._use_merge_call = lambda: False
+        try:
+            apply()
+        finally:
+            del extended._use_merge_call
+
+    context.merge_call(merge_fn)

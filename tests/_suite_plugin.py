@@ -9,6 +9,10 @@
 * ``--quick`` (`make test-quick`): tests marked ``starts_processes`` are left
   out, and any other test that starts a process fails at once, naming the
   marker, so the marker cannot drift from what a test does.
+* ``--zoo-sample=sample|rest``: of the tests marked ``zoo`` (other people's
+  code, too costly for `make test` in full), each file's one sample case
+  (`make test`) or every other case (`make test-zoo`), so both together run
+  each case once (``zoo_sample``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ def pytest_addoption(parser):
         "--quick",
         action="store_true",
         help="leave out tests marked starts_processes; a test that starts a process anyway fails",
+    )
+    parser.addoption(
+        "--zoo-sample",
+        choices=("sample", "rest"),
+        default=None,
+        help="of the tests marked zoo, run only each file's sample case (make test) or all but it (make test-zoo)",
     )
 
 
@@ -102,9 +112,38 @@ def keep_only(config, items, keep) -> None:
     items[:] = kept
 
 
+def zoo_sample(items) -> set:
+    """The node ids of each file's sample among its tests marked `zoo`: the
+    case whose id contains the module's `ZOO_SAMPLE` string, else its first;
+    none for a module whose `ZOO_SAMPLE` is None (its cases cost too much,
+    or need what `make test` does not install: its docstring says why)."""
+    chosen, seen = {}, {}
+    for item in items:
+        if item.get_closest_marker("zoo") is None:
+            continue
+        module = item.module
+        wanted = getattr(module, "ZOO_SAMPLE", "")
+        if wanted is None:
+            continue
+        seen[module.__name__] = wanted
+        if module.__name__ not in chosen and wanted in item.nodeid:
+            chosen[module.__name__] = item.nodeid
+    missing = sorted(f"{name} (ZOO_SAMPLE = {seen[name]!r})" for name in seen if name not in chosen)
+    if missing:  # a renamed case must not leave a file out of make test unnoticed
+        raise pytest.UsageError(f"ZOO_SAMPLE names no collected case in: {', '.join(missing)}")
+    return set(chosen.values())
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--quick"):
         keep_only(config, items, lambda item: item.get_closest_marker("starts_processes") is None)
+    part = config.getoption("--zoo-sample")
+    if part is not None:
+        sample = zoo_sample(items)
+        if part == "sample":
+            keep_only(config, items, lambda item: item.nodeid in sample)
+        else:
+            keep_only(config, items, lambda item: item.nodeid not in sample)
 
 
 class ProcessStarted(RuntimeError):

@@ -191,3 +191,47 @@ def test_run_parts_runs_every_part_and_only_the_first_at_full_priority(tmp_path)
     assert f"niceness {own}\n" in logs["first"], logs
     assert f"niceness {min(own + 5, 19)}\n" in logs["second"], logs
     assert logs["failing"].rstrip().endswith("exit 2"), logs  # make's own code for a failed recipe
+
+
+_ZOO_PROBE = textwrap.dedent(
+    """
+    import pytest
+
+    pytestmark = pytest.mark.zoo
+    ZOO_SAMPLE = {sample!r}
+
+    @pytest.mark.parametrize("case", ["one-device", "mirrored-2", "mirrored-4"])
+    def test_model(case):
+        pass
+    """
+)
+
+
+@pytest.mark.starts_processes
+@pytest.mark.parametrize(
+    "sample, part, expected",
+    [
+        ("mirrored-2", "sample", "1 passed, 2 deselected"),
+        ("mirrored-2", "rest", "2 passed, 1 deselected"),
+        (None, "sample", "3 deselected"),
+        (None, "rest", "3 passed"),
+        ("no-such-case", "sample", "ZOO_SAMPLE names no collected case in: test_zoo_probe (ZOO_SAMPLE = 'no-such-case')"),
+    ],
+)
+def test_make_test_runs_each_zoo_files_sample_and_make_test_zoo_the_rest(tmp_path, sample, part, expected):
+    """`--zoo-sample`: sample and rest split a zoo file's cases, each run
+    once; a file with ZOO_SAMPLE = None has no sample; a ZOO_SAMPLE that
+    names no case (a renamed test) is an error, not a file silently left
+    out of make test."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["_suite_plugin"]\n')
+    (tmp_path / "test_zoo_probe.py").write_text(_ZOO_PROBE.format(sample=sample))
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    zoo: x\naddopts = -p no:cacheprovider\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", f"--zoo-sample={part}", str(tmp_path)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert expected in done.stdout + done.stderr, done.stdout + done.stderr

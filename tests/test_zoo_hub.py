@@ -25,6 +25,9 @@ import keras_dist
 ROWS, BATCH, SEQUENCE, VOCABULARY = 22, 10, 12, 50
 
 
+#: make test's sample of the zoo (tests/_suite_plugin.py) takes no case here: keras-hub comes from .venv-zoo, which only make test-zoo installs.
+ZOO_SAMPLE = None
+
 def _keras_hub():
     """keras_hub, or an error naming how to get it (`make test` collects this
     file without keras-hub installed and deselects it; a zoo run without it

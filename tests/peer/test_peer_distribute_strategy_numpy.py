@@ -65,6 +65,8 @@ import _combinations
 import keras_dist
 
 pytestmark = pytest.mark.zoo  # make test-zoo
+#: make test runs this case of the file (tests/_suite_plugin.py), make test-zoo the others.
+ZOO_SAMPLE = 'test_numpy_with_sample_weights[central_storage_strategy_with_gpu_and_cpu]'
 
 BACKEND = _combinations.BACKEND
 _RANDOM_SEED = 1337

@@ -43,6 +43,8 @@ import _combinations
 import _correctness_base as keras_correctness_test_base
 
 pytestmark = pytest.mark.zoo  # make test-zoo
+#: make test runs this case of the file (tests/_suite_plugin.py), make test-zoo the others.
+ZOO_SAMPLE = 'test_cnn_correctness[mirrored_strategy_with_two_gpus-'
 
 BACKEND = _combinations.BACKEND
 _ALL = keras_correctness_test_base.all_strategy_and_input_config_combinations_eager()

@@ -40,6 +40,8 @@ import _correctness_base as keras_correctness_test_base
 from test_peer_distribute_strategy_numpy import _policy_scope
 
 pytestmark = pytest.mark.zoo  # make test-zoo
+#: make test runs this case of the file (tests/_suite_plugin.py), make test-zoo the others.
+ZOO_SAMPLE = 'test_lstm_model_correctness[mirrored_strategy_with_two_gpus-'
 
 _COMBINATIONS = keras_correctness_test_base.test_combinations_for_embedding_model()
 _select = keras_correctness_test_base.select

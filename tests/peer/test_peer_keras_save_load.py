@@ -45,6 +45,8 @@ import _combinations
 from _combinations import strategies_minus_tpu
 
 pytestmark = pytest.mark.zoo  # 91 cases, 1.2 CPU-min: make test-zoo
+#: make test runs this case of the file (tests/_suite_plugin.py), make test-zoo the others.
+ZOO_SAMPLE = 'test_save_strategy_restore_strategy[functional-mirrored_strategy_with_two_gpus-'
 
 _RANDOM_SEED = 1337
 PREDICT_STEPS = 1

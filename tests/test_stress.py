@@ -25,6 +25,9 @@ one process, which torch cannot).
 On JAX, 4 simulated devices are also pushed hard under heavier load, to show
 XLA's CPU client never deadlocks with the threads `simulate_cpu_devices`
 gives it.
+
+A long multi-worker job (400 steps with a collective timeout) keeps its OS
+thread count flat, on both backends.
 """
 
 import os
@@ -132,3 +135,24 @@ def test_simulated_devices_never_deadlock_xla_under_load(heavy_cpu_hogs):
             env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
         )
         assert done.returncode == 0 and "done" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.slow("a 2-worker job: fit against one device, then 400 more steps counting the OS threads (make test-stress only)")
+def test_a_long_job_with_a_timeout_holds_a_flat_thread_count(tmp_path):
+    """400 training steps with CommunicationOptions(timeout_seconds=60), as
+    the multi-worker guide advises: tf's per-collective timeout started an OS
+    thread per collective that lived 60 s (~4 a step: ~16k threads, then
+    both workers died); keras_dist bounds a dead peer with the coordination
+    service's heartbeat instead. (In make test until its room went to the
+    zoo's sample; tests/test_multi_worker.py has the job's other checks.)"""
+    import json
+
+    from test_multi_worker import _run_job
+
+    codes, outputs = _run_job(tmp_path, 2, [1, 203, 10, "threads"])
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for index in range(2):
+        assert json.loads((tmp_path / f"worker{index}.json").read_text())["weight_diff"] <= 1e-5
+        counts = json.loads((tmp_path / f"threads{index}.json").read_text())["threads_after_steps"]
+        assert sorted(counts) == ["200", "400", "50"], counts
+        assert counts["400"] - counts["50"] <= 8, counts  # was +3800 in 950 steps on TensorFlow

@@ -388,3 +388,56 @@ def test_the_same_batch_check_takes_nan_and_string_inputs():
     fingerprint = _step._fingerprint(batch)
     assert torch.isfinite(fingerprint).all() and fingerprint.tolist()[-1] == 2.0
     _step.check_same_global_batch(batch, "train")  # one process: its own batch
+
+
+GUIDE_WORKER = os.path.join(HERE, "workers", "torch_loop_guide.py")
+
+
+def _assert_guide_matches(distributed, one_device):
+    np.testing.assert_allclose(distributed["losses"], one_device["losses"], atol=2e-6)
+    assert distributed["train_acc"] == pytest.approx(one_device["train_acc"], abs=1e-6)
+    assert distributed["val_acc"] == pytest.approx(one_device["val_acc"], abs=1e-6)
+    assert distributed["iterations"] == one_device["iterations"] == 2 * 19  # 600 rows in batches of 32
+    for a, b in zip(distributed["weights"], one_device["weights"]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6)
+    assert distributed["losses"][-1] < distributed["losses"][0]  # it learns
+
+
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda: keras_dist.OneDeviceStrategy("cpu:0"),
+        lambda: keras_dist.MirroredStrategy(),
+        lambda: keras_dist.CentralStorageStrategy(),
+    ],
+    ids=["one-device", "mirrored", "central-storage"],
+)
+def test_keras_io_torch_loop_guide_ported_to_strategy_run(make_strategy):
+    """keras-io's "training loop from scratch in PyTorch" (tests/workers/
+    torch_loop_guide.py: its header lists each change) under each strategy
+    of one process: the default strategy's losses, accuracies and weights."""
+    sys.path.insert(0, os.path.join(HERE, "workers"))
+    try:
+        import torch_loop_guide
+    finally:
+        sys.path.pop(0)
+    _assert_guide_matches(torch_loop_guide.guide(make_strategy()), torch_loop_guide.guide(keras_dist.get_strategy()))
+
+
+@pytest.mark.starts_processes
+def test_keras_io_torch_loop_guide_on_two_workers_trains_as_one_device(tmp_path):
+    """The same guide under MultiWorkerMirroredStrategy, 2 processes (gloo):
+    each replica's share of the DataLoader's shuffled global batches, the
+    partial last batch, Adam through `optimizer.apply` inside `run`, the
+    metrics over both replicas; every worker equals one device."""
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", "180",
+         GUIDE_WORKER, str(tmp_path)],
+        env=dict(os.environ, KERAS_BACKEND="torch"), capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.load(open(tmp_path / f"worker{i}.json")) for i in range(2)]
+    for result in results:
+        assert result["replicas"] == 2
+        _assert_guide_matches(result["distributed"], result["one_device"])
+    assert results[0]["distributed"]["weights"] == results[1]["distributed"]["weights"]

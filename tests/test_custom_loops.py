@@ -673,6 +673,30 @@ def test_a_tf_function_given_to_run_trains_as_one_device(strategy_name, outer):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
+def _jax_state_step(strategy, model, optimizer, outer_jit):
+    """keras-io's JAX step (the variables' values in, the new ones out; MSE
+    averaged over the global batch) given to `strategy.run`, with a
+    `jax.jit` around `run` or not."""
+    import jax
+
+    loss_fn = keras.losses.MeanSquaredError(reduction="none")
+
+    def compute_loss(trainable, non_trainable, x, y):
+        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
+        return keras_dist.compute_average_loss(loss_fn(y, y_pred)), non_trainable
+
+    gradients = jax.value_and_grad(compute_loss, has_aux=True)
+
+    def train_step(state, data):
+        trainable, non_trainable, optimizer_variables = state
+        (loss, non_trainable), grads = gradients(trainable, non_trainable, *data)
+        trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
+        return loss, (trainable, non_trainable, optimizer_variables)
+
+    step = lambda state, data: strategy.run(train_step, args=(state, data))  # noqa: E731
+    return jax.jit(step) if outer_jit else step
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="JAX compiles a step per input placement")
 @pytest.mark.parametrize("outer_jit", [False, True], ids=["run", "jit-of-run"])
 @pytest.mark.parametrize(
@@ -718,23 +742,7 @@ def test_a_state_in_state_out_loop_compiles_its_step_once(make_strategy, outer_j
             model = _batch_norm_model()
             optimizer = keras.optimizers.SGD(0.1)
             optimizer.build(model.trainable_variables)
-        loss_fn = keras.losses.MeanSquaredError(reduction="none")
-
-        def compute_loss(trainable, non_trainable, x, y):
-            y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
-            return keras_dist.compute_average_loss(loss_fn(y, y_pred)), non_trainable
-
-        gradients = jax.value_and_grad(compute_loss, has_aux=True)
-
-        def train_step(state, data):
-            trainable, non_trainable, optimizer_variables = state
-            (loss, non_trainable), grads = gradients(trainable, non_trainable, *data)
-            trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
-            return loss, (trainable, non_trainable, optimizer_variables)
-
-        step = lambda state, data: strategy.run(train_step, args=(state, data))  # noqa: E731
-        if outer_jit:
-            step = jax.jit(step)
+        step = _jax_state_step(strategy, model, optimizer, outer_jit)
         state = (
             [v.value for v in model.trainable_variables],
             [v.value for v in model.non_trainable_variables],
@@ -762,10 +770,7 @@ def test_a_loop_that_writes_the_state_back_every_step_trains_as_one_device(strat
     CentralStorageStrategy a `jax.jit` over `run` failed at the second step
     ("incompatible devices"): the assigned values were pinned to the
     parameter device, beside a batch on the compute devices."""
-    import jax
-
     x, y = make_data(64)
-    loss_fn = keras.losses.MeanSquaredError(reduction="none")
 
     def train(strategy):
         with strategy.scope():
@@ -773,21 +778,7 @@ def test_a_loop_that_writes_the_state_back_every_step_trains_as_one_device(strat
             optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
             optimizer.build(model.trainable_variables)
         groups = (model.trainable_variables, model.non_trainable_variables, optimizer.variables)
-
-        def compute_loss(trainable, non_trainable, x, y):
-            y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
-            return keras_dist.compute_average_loss(loss_fn(y, y_pred)), non_trainable
-
-        gradients = jax.value_and_grad(compute_loss, has_aux=True)
-
-        def train_step(state, data):
-            trainable, non_trainable, optimizer_variables = state
-            (loss, non_trainable), grads = gradients(trainable, non_trainable, *data)
-            trainable, optimizer_variables = optimizer.stateless_apply(optimizer_variables, grads, trainable)
-            return loss, (trainable, non_trainable, optimizer_variables)
-
-        step = lambda state, data: strategy.run(train_step, args=(state, data))  # noqa: E731
-        step = jax.jit(step) if outer_jit else step
+        step = _jax_state_step(strategy, model, optimizer, outer_jit)
         batches = [(x[i : i + 15], y[i : i + 15]) for i in range(0, 64, 15)]  # 15 rows: uneven over 4 replicas
         for data in strategy.experimental_distribute_dataset(batches):
             _, state = step(tuple([v.value for v in group] for group in groups), data)

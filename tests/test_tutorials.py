@@ -493,7 +493,10 @@ def test_keras_io_tensorflow_guide(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.zoo(
     "in make test's tensorflow-in-process part (four parts on 2 cores) it once took 334 s for 5.7 CPU-s "
-    "(7 s alone): a wait, under investigation; make test-zoo runs it"
+    "(7 s alone); beside 4 busy processes its call took 22 s in most runs and 60-226 s in 4 of 17, the "
+    "wait in tf.data's iterator destructors as its locals go (py-spy: a MultiDeviceIterator of the "
+    "tutorial's endless from_generator dataset waiting for its prefetch threads); that iterator alone is "
+    "deleted in 0.5-0.7 s under the same load, by plain tf.distribute and keras_dist alike; make test-zoo runs it"
 )
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="the tutorial's steps are tf.function code")
 def test_tensorflow_input_tutorial(capfd):

@@ -580,3 +580,29 @@ def is_dataset_object(x: Any) -> bool:
     """A dataset already made (it has an `element_spec` and is not a
     function making one)."""
     return hasattr(x, "element_spec") and not callable(x)
+
+
+def check_dataset_fn_result(result: Any, dataset_fn: Callable) -> Any:
+    """`result` if it is a dataset (anything iterated for batches: a
+    `tf.data.Dataset`, a `PyDataset`, a generator, a list of batches);
+    data itself, the common slip, is one clear error (tf.keras'
+    DatasetCreator refused a non-dataset too)."""
+    name = getattr(dataset_fn, "__name__", type(dataset_fn).__name__)
+    if result is None:
+        what = "None (is a `return` missing?)"
+    elif hasattr(result, "shape") and hasattr(result, "dtype") and not hasattr(result, "element_spec"):
+        what = f"an array of shape {tuple(result.shape)}"
+    elif isinstance(result, dict) or (
+        isinstance(result, tuple) and result and all(hasattr(r, "shape") and hasattr(r, "dtype") for r in result)
+    ):
+        what = f"a {type(result).__name__} of arrays"
+    elif isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
+        what = f"a value of type {type(result).__name__}"
+    else:
+        return result
+    raise TypeError(
+        f"The dataset function {name!r} returned {what}, not a dataset. It runs on "
+        "each worker and returns batches that repeat: return "
+        "tf.data.Dataset.from_tensor_slices((x, y)).batch(n).repeat() (or a "
+        "generator of (x, y) batches), not the data itself."
+    )

@@ -11,8 +11,8 @@
   marker, so the marker cannot drift from what a test does.
 * ``--zoo-sample=sample|rest``: of the tests marked ``zoo`` (other people's
   code, too costly for `make test` in full), each file's one sample case
-  (`make test`) or every other case (`make test-zoo`), so both together run
-  each case once (``zoo_sample``).
+  (`make test-zoo-sample`) or every other case (`make test-zoo`'s other
+  parts), so both together run each case once (``zoo_sample``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def pytest_addoption(parser):
         "--zoo-sample",
         choices=("sample", "rest"),
         default=None,
-        help="of the tests marked zoo, run only each file's sample case (make test) or all but it (make test-zoo)",
+        help="of the tests marked zoo, run only each file's sample case (make test-zoo-sample) or all but it",
     )
 
 
@@ -116,7 +116,7 @@ def zoo_sample(items) -> set:
     """The node ids of each file's sample among its tests marked `zoo`: the
     case whose id contains the module's `ZOO_SAMPLE` string, else its first;
     none for a module whose `ZOO_SAMPLE` is None (its cases cost too much,
-    or need what `make test` does not install: its docstring says why)."""
+    or need what the sample's venv lacks: the module says why)."""
     chosen, seen = {}, {}
     for item in items:
         if item.get_closest_marker("zoo") is None:
@@ -129,7 +129,7 @@ def zoo_sample(items) -> set:
         if module.__name__ not in chosen and wanted in item.nodeid:
             chosen[module.__name__] = item.nodeid
     missing = sorted(f"{name} (ZOO_SAMPLE = {seen[name]!r})" for name in seen if name not in chosen)
-    if missing:  # a renamed case must not leave a file out of make test unnoticed
+    if missing:  # a renamed case must not leave a file out of the sample unnoticed
         raise pytest.UsageError(f"ZOO_SAMPLE names no collected case in: {', '.join(missing)}")
     return set(chosen.values())
 

@@ -30,7 +30,7 @@ import pytest
 
 import keras_dist
 
-#: make test's sample of the zoo (tests/_suite_plugin.py) takes no case here: each trains all 14 optimizers (about 1 CPU-min); make test-zoo runs them.
+#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) takes no case here: each trains all 14 optimizers (about 1 CPU-min); make test-zoo runs them.
 ZOO_SAMPLE = None
 
 pytestmark = pytest.mark.zoo

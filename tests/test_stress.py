@@ -143,8 +143,8 @@ def test_a_long_job_with_a_timeout_holds_a_flat_thread_count(tmp_path):
     the multi-worker guide advises: tf's per-collective timeout started an OS
     thread per collective that lived 60 s (~4 a step: ~16k threads, then
     both workers died); keras_dist bounds a dead peer with the coordination
-    service's heartbeat instead. (In make test until its room went to the
-    zoo's sample; tests/test_multi_worker.py has the job's other checks.)"""
+    service's heartbeat instead. (In make test until make test neared its
+    20 minutes; tests/test_multi_worker.py has the job's other checks.)"""
     import json
 
     from test_multi_worker import _run_job

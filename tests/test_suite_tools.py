@@ -218,11 +218,11 @@ _ZOO_PROBE = textwrap.dedent(
         ("no-such-case", "sample", "ZOO_SAMPLE names no collected case in: test_zoo_probe (ZOO_SAMPLE = 'no-such-case')"),
     ],
 )
-def test_make_test_runs_each_zoo_files_sample_and_make_test_zoo_the_rest(tmp_path, sample, part, expected):
+def test_the_zoo_sample_takes_each_files_sample_case_and_the_rest_every_other(tmp_path, sample, part, expected):
     """`--zoo-sample`: sample and rest split a zoo file's cases, each run
     once; a file with ZOO_SAMPLE = None has no sample; a ZOO_SAMPLE that
     names no case (a renamed test) is an error, not a file silently left
-    out of make test."""
+    out of the sample."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["_suite_plugin"]\n')
     (tmp_path / "test_zoo_probe.py").write_text(_ZOO_PROBE.format(sample=sample))
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    zoo: x\naddopts = -p no:cacheprovider\n")

@@ -48,7 +48,7 @@ import keras_dist
 from _helpers import make_data, mnist_like
 from conftest import BACKEND
 
-#: make test's sample of the zoo (tests/_suite_plugin.py) takes no case here: its zoo cases are multi-worker jobs of about a thousand steps, or 12 epochs of Adam on JAX (20-40 CPU-s each); make test runs this file's other tutorials.
+#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) takes no case here: its zoo cases are multi-worker jobs of about a thousand steps, or 12 epochs of Adam on JAX (20-40 CPU-s each); make test runs this file's other tutorials.
 ZOO_SAMPLE = None
 
 GLOBAL_BATCH_SIZE = 10  # 4 replicas: uneven shards, and a partial last batch

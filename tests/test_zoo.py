@@ -79,8 +79,8 @@ def one_device(data):
     return initial, *_one_step_then_inference(model, *data)
 
 
-#: make test's sample of the zoo (tests/_suite_plugin.py) takes no case here: one costs 36-39 CPU-s
-#: per backend (MobileNetV2 compiled twice), more than make test has room for; make test-zoo runs them.
+#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) takes no case here: one costs 36-39 CPU-s
+#: per backend (MobileNetV2 compiled twice); make test-zoo's other parts run them.
 ZOO_SAMPLE = None
 
 

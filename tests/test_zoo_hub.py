@@ -25,7 +25,7 @@ import keras_dist
 ROWS, BATCH, SEQUENCE, VOCABULARY = 22, 10, 12, 50
 
 
-#: make test's sample of the zoo (tests/_suite_plugin.py) takes no case here: keras-hub comes from .venv-zoo, which only make test-zoo installs.
+#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) takes no case here: keras-hub comes from .venv-zoo, which only make test-zoo installs.
 ZOO_SAMPLE = None
 
 def _keras_hub():

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from keras_dist import _foreign
 from keras_dist._engine_kind import EngineKind
+from keras_dist._input import check_dataset_fn_result
 from keras_dist.strategies._base import Strategy, StrategyExtended
 from keras_dist.backends import get_adapter
 
@@ -186,32 +187,6 @@ class DatasetCreator:
 
     def __repr__(self) -> str:
         return f"DatasetCreator({self.dataset_fn!r})"
-
-
-def check_dataset_fn_result(result: Any, dataset_fn: Callable) -> Any:
-    """`result` if it is a dataset (anything iterated for batches: a
-    `tf.data.Dataset`, a `PyDataset`, a generator, a list of batches);
-    data itself, the common slip, is one clear error (tf.keras'
-    DatasetCreator refused a non-dataset too)."""
-    name = getattr(dataset_fn, "__name__", type(dataset_fn).__name__)
-    if result is None:
-        what = "None (is a `return` missing?)"
-    elif hasattr(result, "shape") and hasattr(result, "dtype") and not hasattr(result, "element_spec"):
-        what = f"an array of shape {tuple(result.shape)}"
-    elif isinstance(result, dict) or (
-        isinstance(result, tuple) and result and all(hasattr(r, "shape") and hasattr(r, "dtype") for r in result)
-    ):
-        what = f"a {type(result).__name__} of arrays"
-    elif isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
-        what = f"a value of type {type(result).__name__}"
-    else:
-        return result
-    raise TypeError(
-        f"The dataset function {name!r} returned {what}, not a dataset. It runs on "
-        "each worker and returns batches that repeat: return "
-        "tf.data.Dataset.from_tensor_slices((x, y)).batch(n).repeat() (or a "
-        "generator of (x, y) batches), not the data itself."
-    )
 
 
 def call_dataset_fn(dataset_fn: Callable, input_context: Any) -> Any:

@@ -56,7 +56,7 @@ from test_peer_distribute_strategy_numpy import (
 tf = pytest.importorskip("tensorflow", reason="tf.data input: the zoo's venv has TensorFlow on both backends")
 
 pytestmark = pytest.mark.zoo  # make test-zoo
-#: make test runs this case of the file (tests/_suite_plugin.py), make test-zoo the others.
+#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
 ZOO_SAMPLE = 'test_fit_eval_and_predict_methods_on_dataset[mirrored_strategy_with_two_gpus]'
 
 BACKEND = _combinations.BACKEND

@@ -37,7 +37,7 @@ import _combinations
 import _correctness_base as keras_correctness_test_base
 
 pytestmark = pytest.mark.zoo  # make test-zoo
-#: make test runs this case of the file (tests/_suite_plugin.py), make test-zoo the others.
+#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
 ZOO_SAMPLE = 'test_embedding_model_correctness[mirrored_strategy_with_two_gpus-'
 
 _COMBINATIONS = keras_correctness_test_base.test_combinations_for_embedding_model()

@@ -458,7 +458,7 @@ class WorkerActor:
     def make_dataset(self, dsid, fn_bytes) -> None:
         runtime = self.runtime
         dataset_fn = pickle.loads(fn_bytes)
-        from keras_dist.strategies._parameter_server import check_dataset_fn_result
+        from keras_dist._input import check_dataset_fn_result
 
         if _takes_an_argument(dataset_fn):
             from keras_dist._input import InputContext

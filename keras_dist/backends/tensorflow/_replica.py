@@ -165,13 +165,20 @@ def _lifted(strategy, engine, fn):
 
 
 def reduce(engine, reduce_op, value, axis):
-    if not isinstance(value, (tf.distribute.DistributedValues, DistributedValues)):
-        check_summable(reduce_op, engine.num_replicas_in_sync)  # tf's own error names no fix
     if reduce_op is ReduceOp.SUM and isinstance(value, tf_values.Mirrored):
         # one copy per replica (tf asserts instead): their sum, as JAX gives it
         total = tf.convert_to_tensor(value) if axis is None else tf.reduce_sum(value, axis=axis)
         return total * tf.cast(engine.num_replicas_in_sync, total.dtype)
-    return engine.reduce(_TF_OPS[reduce_op.value], value, axis=axis)
+    try:
+        return engine.reduce(_TF_OPS[reduce_op.value], value, axis=axis)
+    except ValueError as error:
+        # tf refuses to SUM a value it never distributed in one worker (its
+        # error names no fix); with several workers it sums run's result of
+        # a worker's one replica, which is not a DistributedValues there
+        if "cannot be reduced with the given reduce op" not in str(error):
+            raise
+        check_summable(reduce_op, engine.num_replicas_in_sync)
+        raise
 
 
 def gather(engine, value, axis):

@@ -495,12 +495,8 @@ def local_results(engine, value):
         if jax.process_count() > 1 and len(parts) == len(engine.devices):
             return tuple(parts[i] for i in _local_replicas(engine))
         return tuple(parts)
-    if (
-        isinstance(value, jax.Array)
-        and not _is_tracer(value)
-        and value.sharding.device_set == set(engine.devices)
-        and value.sharding.is_fully_replicated
-    ):  # a mirrored value: one copy per replica, in replica order
+    if isinstance(value, jax.Array) and not _is_tracer(value) and _is_replicated(engine, value):
+        # a mirrored value: one copy per replica, in replica order
         by_device = {shard.device: shard.data for shard in value.addressable_shards}
         return tuple(by_device[engine.devices[i]] for i in _local_replicas(engine))
     return (value,)

@@ -458,15 +458,13 @@ class WorkerActor:
     def make_dataset(self, dsid, fn_bytes) -> None:
         runtime = self.runtime
         dataset_fn = pickle.loads(fn_bytes)
-        from keras_dist._input import check_dataset_fn_result
-
         if _takes_an_argument(dataset_fn):
             from keras_dist._input import InputContext
 
             dataset = dataset_fn(InputContext(runtime.num_workers, runtime.index, 1))
         else:
             dataset = dataset_fn()
-        runtime.datasets[dsid] = check_dataset_fn_result(dataset, dataset_fn)
+        runtime.datasets[dsid] = dataset
 
     def run(self, closure_id, payload: bytes, needs):
         """("missing", [tokens]) | ("ok", result) | ("error", exception, text)."""

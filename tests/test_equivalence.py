@@ -242,3 +242,116 @@ def test_mixed_precision_trains_as_one_device_under_the_same_policy(precision_po
     assert type(model.optimizer) is type(reference.optimizer)  # LossScaleOptimizer under mixed_float16
     assert_same_weights(reference, model, atol=_POLICY_TOLERANCE[policy])
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 14  # 7 batches, 2 epochs
+
+
+
+def _ulp_bfloat16(values):
+    """The spacing of bfloat16 numbers (8 significant bits) at each value."""
+    magnitude = np.maximum(np.abs(values), np.finfo("float32").tiny)
+    return np.exp2(np.floor(np.log2(magnitude)) - 7)
+
+
+def _data_parallel_gradients(model, x, y, replicas):
+    """The backend's own data-parallel gradient of the mean squared error on
+    the global batch `x`, `y`, without keras_dist: each of `replicas` takes
+    its rows' squared errors / the global batch size, and the replicas'
+    gradients are summed (JAX: `shard_map` over that many devices and
+    `psum`; TensorFlow: each replica's gradient in turn, summed). Compiled
+    as `fit` compiles its step (eager bfloat16 rounds differently)."""
+    global_batch = len(x)
+    if BACKEND == "jax":
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import Mesh, PartitionSpec
+
+        non_trainable = [v.value for v in model.non_trainable_variables]
+
+        def replica_gradients(trainable, x, y):
+            def loss(trainable):
+                predictions, _ = model.stateless_call(trainable, non_trainable, x)
+                return jnp.sum(jnp.mean(jnp.square(predictions - y), -1)) / global_batch
+
+            return jax.lax.psum(jax.grad(loss)(trainable), "batch")
+
+        mesh = Mesh(np.array(jax.devices()[:replicas]), ("batch",))
+        step = jax.shard_map(
+            replica_gradients,
+            mesh=mesh,
+            in_specs=(PartitionSpec(), PartitionSpec("batch"), PartitionSpec("batch")),
+            out_specs=PartitionSpec(),
+            check_vma=False,
+        )
+        gradients = jax.jit(step)([v.value for v in model.trainable_variables], x, y)
+        return [np.asarray(g, "float64") for g in gradients]
+    import tensorflow as tf
+
+    @tf.function
+    def replica_gradients(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.reduce_mean(tf.square(model(x) - y), -1)) / global_batch
+        return tape.gradient(loss, model.trainable_variables)
+
+    parts = [replica_gradients(x[rows], y[rows]) for rows in np.array_split(np.arange(global_batch), replicas)]
+    return [sum(np.asarray(g.numpy(), "float64") for g in gs) for gs in zip(*parts)]
+
+
+@pytest.mark.parametrize(
+    "make_strategy, replicas",
+    [
+        (lambda: keras_dist.OneDeviceStrategy("cpu:1"), 1),
+        (lambda: keras_dist.MirroredStrategy(), 4),
+        (lambda: keras_dist.CentralStorageStrategy(), 4),
+    ],
+    ids=["one-device", "mirrored-4", "central-storage-4"],
+)
+def test_bfloat16_gap_is_the_data_parallel_sums_own(precision_policy, make_strategy, replicas):
+    """Why `mixed_bfloat16` matches one device to bfloat16's round-off, not
+    float32's (the porting guide's "one device's math"): each replica sums
+    its own rows' gradients in the compute dtype, and the replicas' rounded
+    sums are then added, where one device sums all rows in one bfloat16
+    reduction. The backend's own data-parallel step (JAX `shard_map` +
+    `psum`, TensorFlow's per-replica gradients summed) does the same. One
+    SGD step (lr 1) on 16 rows under keras_dist ends within 4 bfloat16
+    spacings (at each weight array's largest gradient) of one device's and
+    of the backend's own step (a wrong scale, a replica's mean, is 4x off);
+    on TensorFlow it *is* the sum of the replicas' rounded gradients (to
+    1e-6). On JAX, XLA decides per program which bfloat16 sums it fuses into
+    float32, so two programs agree to a few spacings. One replica is one
+    device to float32 round-off."""
+    precision_policy("mixed_bfloat16")
+    x, y = make_data(16, seed=2)
+    y = y - 0.3  # a nonzero regression target for every row
+
+    def build():
+        model = keras.Sequential(
+            [
+                keras.Input((x.shape[1],)),
+                keras.layers.Dense(16, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
+                keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2), dtype="float32"),
+            ]
+        )
+        model.compile(keras.optimizers.SGD(1.0), "mse")
+        return model
+
+    reference = build()
+    initial = reference.get_weights()
+    one_device_gradients = _data_parallel_gradients(reference, x, y, 1)
+    data_parallel = _data_parallel_gradients(reference, x, y, replicas)
+    reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    with make_strategy().scope():
+        model = build()
+    model.set_weights(initial)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+
+    for w0, one_device, g, g_parallel, distributed in zip(
+        initial, reference.get_weights(), one_device_gradients, data_parallel, model.get_weights()
+    ):
+        np.testing.assert_allclose(one_device, w0 - g, atol=1e-6)  # the helper computes fit's gradients
+        spacing = float(_ulp_bfloat16(np.max(np.abs(g))))  # at the array's largest gradient
+        assert np.max(np.abs(distributed - one_device)) <= 4 * spacing
+        if BACKEND == "tensorflow":  # the sum of the replicas' own rounded gradients, exactly
+            np.testing.assert_allclose(distributed, w0 - g_parallel, atol=1e-6)
+        else:  # XLA rounds each program where it fuses: a few spacings
+            assert np.max(np.abs(distributed - (w0 - g_parallel))) <= 4 * spacing
+        if replicas == 1:
+            np.testing.assert_allclose(distributed, one_device, atol=1e-6)

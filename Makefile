@@ -14,7 +14,7 @@ KERAS_MIN_DIR := .venv-keras-min
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-in-process-late \
+.PHONY: test-extended install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-in-process-late \
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
@@ -194,7 +194,8 @@ durations:
 # input or TensorBoard on JAX) are skipped here, naming the next target.
 JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
 	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 \
-	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not zoo and not bench$(2)" tests
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not bench and not extended$(2)" \
+	  --zoo-sample=sample tests
 
 test-jax: test-jax-in-process test-jax-processes
 
@@ -207,7 +208,8 @@ test-jax-processes: install-jax
 # Just the needs_tensorflow tests on JAX, where both backends are installed.
 test-jax-with-tensorflow: install
 	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
-	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests tests
+	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests \
+	  -m "not stress and not faults and not bench and not extended" --zoo-sample=sample tests
 
 # The TensorFlow suite is the longest, so `make test` runs it as four pytest
 # processes: the tests that start no process and those that do, each in two
@@ -218,7 +220,7 @@ TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/t
 TF_PROCESSES_LATE := tests/test_docs.py
 TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) $(TEST_STARTUP) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
-	  -m "not stress and not faults and not zoo and not bench and $(2)" $(3)
+	  -m "not stress and not faults and not bench and not extended and $(2)" --zoo-sample=sample $(3)
 
 test-tensorflow: test-tensorflow-in-process test-tensorflow-in-process-late test-tensorflow-processes \
 	test-tensorflow-processes-late
@@ -339,16 +341,17 @@ $(ZOO_STAMP): $(STAMP) requirements/zoo.txt
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) PYTHONPATH=$(CURDIR)/$(ZOO_DIR) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo --zoo-sample=rest $(3)
 ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
 	test-zoo-tensorflow-correctness \
-	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials test-zoo-sample
+	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials
 
 # The zoo's sample: each zoo file's `ZOO_SAMPLE` case (one multi-replica
 # case of every tf-keras file ported to tests/peer: 9 on TensorFlow, 8 on
-# JAX; tests/_suite_plugin.py), one of `make test-zoo`'s parts (the others
-# run every other case: --zoo-sample=rest), and alone a 45 s check that
-# each peer file still runs. Not in `make test`: with it, a clean-clone
-# `make test` took 19.9 min (1194 s) of its 20. The other zoo files
-# (MobileNetV2, the multi-worker tutorials, the optimizer zoo: 20-40 CPU-s
-# a case; keras-hub, not installed here) set ZOO_SAMPLE = None and say why.
+# JAX; MobileNetV2 under Mirrored(3) on JAX; the tf-docs multi-worker
+# tutorial's job on TensorFlow; tests/_suite_plugin.py). `make test` runs
+# it with the rest of its parts (--zoo-sample=sample), `make test-zoo`
+# every other case (--zoo-sample=rest), so CI runs each case once. Alone,
+# the peer files' sample is a 45 s check that each still runs. The
+# optimizer zoo (about 1 CPU-min a case) and keras-hub (installed only for
+# make test-zoo) set ZOO_SAMPLE = None and say why.
 test-zoo-sample: install
 	$(call DURATIONS_FILE,zoo-sample-jax) KERAS_BACKEND=jax $(PYTEST) --durations=5 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-sample-jax \
 	  -m zoo --zoo-sample=sample tests/peer && \
@@ -388,6 +391,20 @@ test-zoo-tensorflow-tutorials: install $(ZOO_STAMP)
 test-bench: install install-torch
 	$(call both-backends,bench,tests/test_benchmarks.py -m bench)
 	$(call DURATIONS_FILE,bench-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs -m bench tests/test_torch_backend.py
+
+# Second configurations of jobs `make test` runs (marker `extended`, which
+# says why for each: another device count, another checkpoint kind), each
+# backend in its own venv and settings as in `make test`; CI runs it after
+# test-bench, beside test-faults (measured: about 1.2 CPU-min). Both
+# backends run, and the target fails if either failed.
+test-extended: install-jax install-tensorflow
+	@mkdir -p $(TEST_LOGS)/durations; status=0; \
+	$(call DURATIONS_FILE,extended-jax) $(call JAX_TEST_CACHE,extended) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
+	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-jax \
+	  -m extended tests || status=1; \
+	$(call DURATIONS_FILE,extended-tensorflow) $(TEST_STARTUP) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
+	  $(VENV_TF)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-tensorflow -m extended tests || status=1; \
+	exit $$status
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a

@@ -11,8 +11,9 @@
   marker, so the marker cannot drift from what a test does.
 * ``--zoo-sample=sample|rest``: of the tests marked ``zoo`` (other people's
   code, too costly for `make test` in full), each file's one sample case
-  (`make test-zoo-sample`) or every other case (`make test-zoo`'s other
-  parts), so both together run each case once (``zoo_sample``).
+  (`make test`, which runs them with the rest of the suite) or every other
+  case (`make test-zoo`), so both together run each case once
+  (``zoo_sample``). Tests not marked ``zoo`` are left alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 
 import pytest
 
-MARKERS = ("starts_processes", "slow", "needs_tensorflow", "stress", "faults")
+MARKERS = ("starts_processes", "slow", "needs_tensorflow", "stress", "faults", "zoo", "extended")
 
 
 def pytest_addoption(parser):
@@ -116,13 +117,17 @@ def zoo_sample(items) -> set:
     """The node ids of each file's sample among its tests marked `zoo`: the
     case whose id contains the module's `ZOO_SAMPLE` string, else its first;
     none for a module whose `ZOO_SAMPLE` is None (its cases cost too much,
-    or need what the sample's venv lacks: the module says why)."""
+    or need what the sample's venv lacks: the module says why). A dict
+    `ZOO_SAMPLE` names each backend's (KERAS_BACKEND) string or None."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     chosen, seen = {}, {}
     for item in items:
         if item.get_closest_marker("zoo") is None:
             continue
         module = item.module
         wanted = getattr(module, "ZOO_SAMPLE", "")
+        if isinstance(wanted, dict):
+            wanted = wanted.get(backend)
         if wanted is None:
             continue
         seen[module.__name__] = wanted
@@ -134,16 +139,15 @@ def zoo_sample(items) -> set:
     return set(chosen.values())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the sample is chosen among every collected case
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--quick"):
-        keep_only(config, items, lambda item: item.get_closest_marker("starts_processes") is None)
     part = config.getoption("--zoo-sample")
     if part is not None:
         sample = zoo_sample(items)
-        if part == "sample":
-            keep_only(config, items, lambda item: item.nodeid in sample)
-        else:
-            keep_only(config, items, lambda item: item.nodeid not in sample)
+        in_part = (lambda item: item.nodeid in sample) if part == "sample" else (lambda item: item.nodeid not in sample)
+        keep_only(config, items, lambda item: item.get_closest_marker("zoo") is None or in_part(item))
+    if config.getoption("--quick"):
+        keep_only(config, items, lambda item: item.get_closest_marker("starts_processes") is None)
 
 
 class ProcessStarted(RuntimeError):

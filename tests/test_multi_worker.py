@@ -69,8 +69,21 @@ def fit_and_custom_loop_jobs(tmp_path_factory):
     return jobs
 
 
+#: The 2 x 2 job is `make test-extended`'s (the marker says why); make test runs 2 x 1.
+DEVICES_PER_WORKER = [
+    1,
+    pytest.param(
+        2,
+        marks=pytest.mark.extended(
+            "a second device count for the shared job: make test runs 2 workers x 2 devices through examples/multi_worker.py "
+            "(fit against one device) and 2 x 1 here"
+        ),
+    ),
+]
+
+
 @pytest.mark.slow("starts the module's shared job for its device count (fit, evaluate, predict, then the custom loop, against one device)")
-@pytest.mark.parametrize("devices_per_worker", [1, 2])
+@pytest.mark.parametrize("devices_per_worker", DEVICES_PER_WORKER)
 def test_two_workers_match_single_device(fit_and_custom_loop_jobs, devices_per_worker):
     directory, codes, outputs = fit_and_custom_loop_jobs(devices_per_worker)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in outputs)
@@ -104,7 +117,7 @@ def test_two_workers_tf_data_input_matches_single_device(tmp_path):
             assert abs(result["evaluate"][key] - value) <= 1e-6, key
 
 
-@pytest.mark.parametrize("devices_per_worker", [1, 2])
+@pytest.mark.parametrize("devices_per_worker", DEVICES_PER_WORKER)
 def test_two_workers_custom_loop_matches_single_device(fit_and_custom_loop_jobs, devices_per_worker):
     """The example's custom loop (run/reduce, partial last batch of 37), run
     by the workers after their fit (the same strategy, as a user's script

@@ -481,7 +481,17 @@ def test_jax_refuses_a_tf_checkpoint_naming_what_it_takes(tmp_path):
 
 #: Checkpoint kinds the job is run with: a Keras model on both backends, and
 #: tf.train.Checkpoint on TensorFlow.
-KINDS = ["model"] + (["tf_checkpoint"] if BACKEND == "tensorflow" else [])
+KINDS = ["model"]
+if BACKEND == "tensorflow":
+    KINDS.append(
+        pytest.param(
+            "tf_checkpoint",
+            marks=pytest.mark.extended(
+                "a second checkpoint kind for the same job: make test runs it with a Keras model, and "
+                "tf.train.Checkpoint's preemption handling in one process (test_tf_checkpoint_manager_and_termination_config)"
+            ),
+        )
+    )
 STEPS, SIGNAL_AFTER = 40, 5
 
 

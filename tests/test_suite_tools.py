@@ -197,11 +197,14 @@ _ZOO_PROBE = textwrap.dedent(
     """
     import pytest
 
-    pytestmark = pytest.mark.zoo
     ZOO_SAMPLE = {sample!r}
 
+    @pytest.mark.zoo
     @pytest.mark.parametrize("case", ["one-device", "mirrored-2", "mirrored-4"])
     def test_model(case):
+        pass
+
+    def test_not_in_the_zoo():
         pass
     """
 )
@@ -211,25 +214,28 @@ _ZOO_PROBE = textwrap.dedent(
 @pytest.mark.parametrize(
     "sample, part, expected",
     [
-        ("mirrored-2", "sample", "1 passed, 2 deselected"),
-        ("mirrored-2", "rest", "2 passed, 1 deselected"),
-        (None, "sample", "3 deselected"),
-        (None, "rest", "3 passed"),
+        ("mirrored-2", "sample", "2 passed, 2 deselected"),
+        ("mirrored-2", "rest", "3 passed, 1 deselected"),
+        (None, "sample", "1 passed, 3 deselected"),
+        (None, "rest", "4 passed"),
+        ({"jax": "mirrored-4", "tensorflow": "mirrored-2"}, "sample", "test_model[mirrored-4] PASSED"),
+        ({"jax": None, "tensorflow": "mirrored-2"}, "sample", "1 passed, 3 deselected"),
         ("no-such-case", "sample", "ZOO_SAMPLE names no collected case in: test_zoo_probe (ZOO_SAMPLE = 'no-such-case')"),
     ],
 )
 def test_the_zoo_sample_takes_each_files_sample_case_and_the_rest_every_other(tmp_path, sample, part, expected):
     """`--zoo-sample`: sample and rest split a zoo file's cases, each run
-    once; a file with ZOO_SAMPLE = None has no sample; a ZOO_SAMPLE that
-    names no case (a renamed test) is an error, not a file silently left
-    out of the sample."""
+    once, and leave the tests not marked zoo alone (make test runs the
+    sample with them); a file with ZOO_SAMPLE = None has no sample, a dict
+    names each backend's (here JAX's); a ZOO_SAMPLE that names no case (a
+    renamed test) is an error, not a file silently left out of the sample."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["_suite_plugin"]\n')
     (tmp_path / "test_zoo_probe.py").write_text(_ZOO_PROBE.format(sample=sample))
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    zoo: x\naddopts = -p no:cacheprovider\n")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", f"--zoo-sample={part}", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-v", f"--zoo-sample={part}", str(tmp_path)],
         cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])),
+        env=dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])),
         capture_output=True,
         text=True,
         timeout=120,

@@ -48,8 +48,11 @@ import keras_dist
 from _helpers import make_data, mnist_like
 from conftest import BACKEND
 
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) takes no case here: its zoo cases are multi-worker jobs of about a thousand steps, or 12 epochs of Adam on JAX (20-40 CPU-s each); make test runs this file's other tutorials.
-ZOO_SAMPLE = None
+#: The zoo's sample (make test runs it, tests/_suite_plugin.py; make test-zoo the rest): on
+#: TensorFlow the tf-docs multi-worker tutorial's 2-worker job as written (23-29 CPU-s). None on
+#: JAX: its zoo cases (that job, with JAX and TensorFlow in each worker; the keras tutorial's 12
+#: epochs of Adam) cost 27-35 CPU-s, and make test runs its other tutorials there.
+ZOO_SAMPLE = {"tensorflow": "test_tensorflow_multi_worker_with_keras_tutorial", "jax": None}
 
 GLOBAL_BATCH_SIZE = 10  # 4 replicas: uneven shards, and a partial last batch
 

@@ -60,7 +60,7 @@ import keras_dist  # noqa: E402
 from _combinations import all_strategies  # noqa: E402
 
 pytestmark = pytest.mark.zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'test_dnn_correctness_minus_tpus[mirrored_strategy_with_two_gpus-GradientDescentKerasV2-dataset-True-True]'
 
 _NUM_SAMPLES = 66

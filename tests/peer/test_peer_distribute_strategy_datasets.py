@@ -53,10 +53,13 @@ from test_peer_distribute_strategy_numpy import (
     tpu_strategy_combinations_graph_only,
 )
 
-tf = pytest.importorskip("tensorflow", reason="tf.data input: the zoo's venv has TensorFlow on both backends")
+try:  # tf.data input, on both backends; a JAX-only install skips the tests (marked needs_tensorflow)
+    import tensorflow as tf
+except ImportError:
+    tf = None
 
-pytestmark = pytest.mark.zoo  # make test-zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+pytestmark = [pytest.mark.zoo, pytest.mark.needs_tensorflow]  # make test-zoo; tf.data input on JAX too
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'test_fit_eval_and_predict_methods_on_dataset[mirrored_strategy_with_two_gpus]'
 
 BACKEND = _combinations.BACKEND

@@ -52,7 +52,7 @@ import keras_dist
 from _combinations import strategies_minus_tpu, strategies_minus_default_minus_tpu
 
 pytestmark = pytest.mark.zoo  # 93 cases, 1 CPU-min over both backends: make test-zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'test_host_training_loop[mirrored_strategy_with_two_gpus]'
 
 BACKEND = _combinations.BACKEND

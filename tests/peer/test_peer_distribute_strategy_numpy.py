@@ -65,7 +65,7 @@ import _combinations
 import keras_dist
 
 pytestmark = pytest.mark.zoo  # make test-zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'test_numpy_with_sample_weights[central_storage_strategy_with_gpu_and_cpu]'
 
 BACKEND = _combinations.BACKEND

@@ -50,8 +50,8 @@ import pytest
 import _combinations
 import _correctness_base as keras_correctness_test_base
 
-pytestmark = pytest.mark.zoo  # make test-zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+pytestmark = [pytest.mark.zoo, pytest.mark.needs_tensorflow]  # make test-zoo; tf.data input on JAX too
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'DnnCorrectness::test_dnn_correctness_with_partial_last_batch[mirrored_strategy_with_gpu_and_cpu-'
 
 _ALL = keras_correctness_test_base.all_strategy_and_input_config_combinations_eager()

@@ -42,8 +42,8 @@ import pytest
 import _combinations
 import _correctness_base as keras_correctness_test_base
 
-pytestmark = pytest.mark.zoo  # make test-zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+pytestmark = [pytest.mark.zoo, pytest.mark.needs_tensorflow]  # make test-zoo; tf.data input on JAX too
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'test_cnn_correctness[mirrored_strategy_with_two_gpus-'
 
 BACKEND = _combinations.BACKEND

@@ -45,7 +45,7 @@ import _combinations
 from _combinations import strategies_minus_tpu
 
 pytestmark = pytest.mark.zoo  # 91 cases, 1.2 CPU-min: make test-zoo
-#: The zoo's sample (make test-zoo-sample, tests/_suite_plugin.py) runs this case; the other parts the rest.
+#: The zoo's sample: make test runs this case (tests/_suite_plugin.py), make test-zoo the rest.
 ZOO_SAMPLE = 'test_save_strategy_restore_strategy[functional-mirrored_strategy_with_two_gpus-'
 
 _RANDOM_SEED = 1337

@@ -392,18 +392,22 @@ test-bench: install install-torch
 	$(call both-backends,bench,tests/test_benchmarks.py -m bench)
 	$(call DURATIONS_FILE,bench-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs -m bench tests/test_torch_backend.py
 
-# Second configurations of jobs `make test` runs (marker `extended`, which
-# says why for each: another device count, another checkpoint kind), each
-# backend in its own venv and settings as in `make test`; CI runs it after
-# test-bench, beside test-faults (measured: about 1.2 CPU-min). Both
-# backends run, and the target fails if either failed.
-test-extended: install-jax install-tensorflow
+# Second configurations of what `make test` runs (marker `extended`, which
+# says why for each: another device or replica count, another checkpoint
+# kind or signal, Adam where make test runs SGD on the same path, a
+# cross-device op's variants, JAX's runs with tf.data or TensorBoard where
+# make test runs JAX without and TensorFlow with them), in `make test`'s
+# settings (JAX in the union venv, for its tf.data runs; TensorFlow in its
+# own); CI runs it after test-bench, beside test-faults. Both backends run,
+# and the target fails if either failed.
+test-extended: install install-torch
 	@mkdir -p $(TEST_LOGS)/durations; status=0; \
 	$(call DURATIONS_FILE,extended-jax) $(call JAX_TEST_CACHE,extended) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
-	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-jax \
-	  -m extended tests || status=1; \
+	  $(PY) -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-jax -m extended tests || status=1; \
 	$(call DURATIONS_FILE,extended-tensorflow) $(TEST_STARTUP) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-tensorflow -m extended tests || status=1; \
+	$(call DURATIONS_FILE,extended-torch) $(TEST_STARTUP) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs \
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-torch -m extended $(TORCH_TEST_FILES) || status=1; \
 	exit $$status
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
@@ -412,7 +416,7 @@ test-extended: install-jax install-tensorflow
 # allows past the timeout is unchanged).
 test-faults: install install-torch
 	$(call both-backends,faults,tests/test_fault_phases.py -m faults)
-	$(call DURATIONS_FILE,faults-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs \
+	$(call DURATIONS_FILE,faults-torch) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs -m "not stress" \
 	  tests/test_fault_tolerance.py::test_killed_or_terminated_worker_resumes_through_backup_and_restore
 
 # The oldest supported Keras (KERAS_MIN), overlaid on the same environment:
@@ -431,7 +435,7 @@ test-keras-min: install install-torch $(KERAS_MIN_DIR)/.installed
 # (Two explicit targets: make skips pattern rules for .PHONY targets.)
 KERAS_MIN_TESTS = $(call DURATIONS_FILE,keras-min-$(1)) PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$(1) \
 	  KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
-	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-$(1) \
+	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-$(1) -m "not stress and not faults and not zoo and not bench" \
 	    tests/test_keras_version.py tests/test_hooks.py tests/test_architecture.py \
 	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
 

@@ -32,8 +32,12 @@ def central(num_replicas, parameter_device=None):
 #: optimizer under CentralStorage (make test-zoo).
 @pytest.mark.parametrize(
     "num_replicas, optimizer",
-    [(1, "sgd"), (2, "sgd"), (4, "sgd"), (4, "adam")],
-    ids=["sgd-1", "sgd-2", "sgd-4", "adam-4"],
+    [
+        pytest.param(1, "sgd", id="sgd-1", marks=pytest.mark.extended("one replica: make test runs 2 and 4")),
+        pytest.param(2, "sgd", id="sgd-2"),
+        pytest.param(4, "sgd", id="sgd-4"),
+        pytest.param(4, "adam", id="adam-4", marks=pytest.mark.extended("Adam on the path make test runs with SGD")),
+    ],
 )
 @pytest.mark.parametrize("case", ["batch10-partial", "batchnorm-batch10"])
 def test_fit_evaluate_predict_match_single_device(num_replicas, optimizer, case):

@@ -79,7 +79,15 @@ def test_nccl_needs_gpus():
         keras_dist.MirroredStrategy(cross_device_ops=keras_dist.NcclAllReduce())
 
 
-@pytest.mark.parametrize("choice", sorted(CHOICES))
+#: The variants of a choice (other pack counts, another device, another sum)
+#: are make test-extended's; make test runs each kind once.
+_VARIANT = pytest.mark.extended("a variant of a choice make test runs (its default arguments)")
+VARIANTS = {"HierarchicalCopyAllReduce(2)", "HierarchicalCopyAllReduce(3)", "ReductionToOneDevice(cpu:3)", "ReductionToOneDevice(add_n)"}
+
+
+@pytest.mark.parametrize(
+    "choice", [pytest.param(choice, marks=_VARIANT) if choice in VARIANTS else choice for choice in sorted(CHOICES)]
+)
 def test_each_choice_trains_like_one_device(choice):
     strategy = keras_dist.MirroredStrategy(cross_device_ops=CHOICES[choice]())  # 4 replicas
     x, y = make_data(43)  # batches of 10 on 4 replicas, a partial last batch of 3

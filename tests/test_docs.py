@@ -157,7 +157,11 @@ def _guide_runs() -> list:
     for guide in GUIDES:
         text = (REPO / guide).read_text()
         if len(python_blocks(text)) > len(python_blocks(text, tensorflow=False)):
-            runs.append(pytest.param(guide, True, id=f"{guide}+tf", marks=pytest.mark.needs_tensorflow))
+            second_run = pytest.mark.extended(
+                "the guide again on JAX with its tf.data blocks: make test runs it on JAX without them and on "
+                "TensorFlow with them"
+            )
+            runs.append(pytest.param(guide, True, id=f"{guide}+tf", marks=[pytest.mark.needs_tensorflow, second_run]))
     return runs
 
 

@@ -30,7 +30,19 @@ def _env(**extra):
 
 
 @pytest.mark.starts_processes
-@pytest.mark.parametrize("signal_name", ["KILL", "TERM"])
+@pytest.mark.parametrize(
+    "signal_name",
+    [
+        "KILL",
+        pytest.param(
+            "TERM",
+            marks=pytest.mark.extended(
+                "the second signal for the same job: make test runs SIGKILL here, and SIGTERM's save-and-restart "
+                "in tests/test_preemption.py's 2-worker job"
+            ),
+        ),
+    ],
+)
 def test_killed_or_terminated_worker_resumes_through_backup_and_restore(tmp_path, signal_name):
     """Worker 1 gets SIGKILL or SIGTERM in epoch 2; the launcher restarts the
     job, which resumes from the chief's epoch-1 backup and ends with the

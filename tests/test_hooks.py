@@ -307,10 +307,9 @@ def _apply_first_inside_run(mirrored):
     return model.get_weights()
 
 
-def _probe_sharded_trainable(mirrored, tmp_path):
-    """A variable split over the ps tasks (tf's ShardedVariable, as a
-    ParameterServerStrategy's partitioner makes it) trains as its shards:
-    a tape takes their gradients (a tape cannot watch the whole)."""
+def _sharded_dense():
+    """A built Dense(2) on 6 features whose kernel is split in two shards (as
+    a ParameterServerStrategy's partitioner makes it), and the kernel."""
     import tensorflow as tf
 
     from keras_dist.backends.tensorflow._parameter_servers import _KerasShardedVariable
@@ -319,11 +318,37 @@ def _probe_sharded_trainable(mirrored, tmp_path):
     layer.build((None, 6))
     kernel = layer.kernel.numpy()
     layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
+    return layer, kernel
+
+
+def _probe_sharded_trainable(mirrored, tmp_path):
+    """A variable split over the ps tasks (tf's ShardedVariable) is listed
+    and trains as its shards: `weights` (and Keras' `trainable_weights`
+    and `non_trainable_weights` from it) and `trainable_variables` list
+    them, and a tape takes their gradients (it cannot watch the whole)."""
+    import tensorflow as tf
+
+    layer, _ = _sharded_dense()
     with tf.GradientTape() as tape:
         loss = keras.ops.sum(layer(np.ones((4, 6), "float32")) ** 2)
     weights = layer.trainable_weights
     gradients = tape.gradient(loss, weights)
-    return [[tuple(w.shape) for w in weights], [tuple(v.shape) for v in layer.trainable_variables], gradients]
+    listed = [layer.weights, weights, layer.non_trainable_weights, layer.trainable_variables]
+    layer.kernel.trainable = False  # its shards follow: Keras lists them with the non-trainable weights
+    listed += [layer.trainable_weights, layer.non_trainable_weights, layer.trainable_variables]
+    return [[[tuple(w.shape) for w in variables] for variables in listed], gradients]
+
+
+def _probe_whole_get_set_weights(mirrored, tmp_path):
+    """`get_weights` / `set_weights` of a layer with a split variable give and
+    take it whole, as an unsplit layer's."""
+    layer, kernel = _sharded_dense()
+    shapes = [w.shape for w in layer.get_weights()]
+    try:
+        layer.set_weights([kernel + 1.0, np.zeros(2, "float32")])
+    except ValueError as error:
+        return [shapes, f"refused: {str(error)[:60]}"]
+    return [shapes, float(np.abs(layer.kernel.numpy() - kernel - 1.0).max())]
 
 
 def _probe_assign_on_ps(mirrored, tmp_path, monkeypatch):
@@ -555,7 +580,8 @@ PROBES = {
     "keras.src.metrics.metrics_utils:update_confusion_matrix_variables": _probe_metrics_in_run,
     "keras.src.metrics.metric:Metric.__init__": _probe_metric_result_in_run,
     f"{_TF_TRAINER}._maybe_symbolic_build": _probe_symbolic_build,
-    **{f"keras.src.layers.layer:Layer.{n}": _probe_sharded_trainable for n in ("trainable_weights", "trainable_variables")},
+    **{f"keras.src.layers.layer:Layer.{n}": _probe_sharded_trainable for n in ("weights", "trainable_variables")},
+    **{f"keras.src.layers.layer:Layer.{n}": _probe_whole_get_set_weights for n in ("get_weights", "set_weights")},
 }
 
 

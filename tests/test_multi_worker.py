@@ -135,7 +135,19 @@ def test_two_workers_custom_loop_matches_single_device(fit_and_custom_loop_jobs,
 #: other callbacks are checked without it too, as a JAX-only install runs them.
 TENSORBOARD = [pytest.param(True, id="tensorboard", marks=pytest.mark.needs_tensorflow)]
 if BACKEND == "jax":
-    TENSORBOARD.append(pytest.param(False, id="no-tensorboard"))
+    TENSORBOARD = [
+        pytest.param(
+            True,
+            id="tensorboard",
+            marks=[
+                pytest.mark.needs_tensorflow,
+                pytest.mark.extended(
+                    "the job again on JAX with TensorBoard: make test runs it on JAX without and on TensorFlow with it"
+                ),
+            ],
+        ),
+        pytest.param(False, id="no-tensorboard"),
+    ]
 
 
 @pytest.mark.slow("a 2-worker job with every file-writing callback, a progress bar and a ScalingReport plot")
@@ -340,7 +352,16 @@ def _run_single(tmp_path, worker, argv, timeout=240):
 #: checks NumPy input, as a JAX-only install has it.
 SHUFFLED_INPUT = [pytest.param("tfdata", marks=pytest.mark.needs_tensorflow)]
 if BACKEND == "jax":
-    SHUFFLED_INPUT.append(pytest.param("numpy"))
+    SHUFFLED_INPUT = [
+        pytest.param(
+            "tfdata",
+            marks=[
+                pytest.mark.needs_tensorflow,
+                pytest.mark.extended("the job again on JAX with tf.data: make test runs it on JAX with NumPy, on TensorFlow with tf.data"),
+            ],
+        ),
+        pytest.param("numpy"),
+    ]
 
 
 @pytest.mark.parametrize("shuffled_input", SHUFFLED_INPUT)

@@ -87,19 +87,56 @@ def test_partitioned_variables_one_worker_match_single_device_and_reload_unshard
     """FixedShardsPartitioner(2) over 2 ps: each kernel and the 16-row bias
     is tf's ShardedVariable, a shard per ps; trainers see the shards (a
     gradient tape watches one handle), layers the whole. 1 worker equals one
-    device step for step; weights keep the unsharded shapes and reload into
-    an unsharded model exactly."""
+    device step for step; `get_weights` keeps the unsharded shapes and they
+    reload into an unsharded model exactly, while `weights`,
+    `trainable_weights` and `non_trainable_weights` list the shards (as
+    tf.keras 2), `weights` being the other two together."""
     report = _job(tmp_path, 1, 2, "sharded-loop:30")["sharded-loop"]
     assert report["iterations"] == 30 and report["counter"] == 30.0
     assert report["max_diff"] < 1e-5, report
     assert report["shapes"] == [[8, 16], [16], [16, 1], [1]]
     assert report["trainable_shapes"] == [[4, 16], [4, 16], [8], [8], [8, 1], [8, 1], [1]]
+    listed = report["listed_shapes"]
+    assert listed["weights"] == listed["trainable_weights"] == report["trainable_shapes"], listed
+    assert listed["non_trainable_weights"] == [], listed
     split = _split_over_both_ps(report["devices"])
     assert {"sequential/dense/kernel", "sequential/dense/bias", "sequential/dense_1/kernel"} <= set(split)
     assert report["reloaded_diff"] == 0.0
 
 
 @tf_engine
+def test_a_split_variable_is_listed_as_its_shards_and_got_and_set_whole():
+    """In one process (a kernel split in two shards as a partitioner splits
+    it): every weight list shows the shards, `weights` is trainable +
+    non-trainable, a kernel made non-trainable takes its shards along, and
+    `get_weights` / `set_weights` give and take it whole."""
+    import tensorflow as tf
+
+    from keras_dist.backends.tensorflow._parameter_servers import _KerasShardedVariable
+
+    layer = keras.layers.Dense(2)
+    layer.build((None, 6))
+    kernel = layer.kernel.numpy()
+    layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
+
+    def shapes(variables):
+        return [tuple(v.shape) for v in variables]
+
+    assert shapes(layer.weights) == shapes(layer.trainable_weights) == [(3, 2), (3, 2), (2,)]
+    assert shapes(layer.trainable_variables) == [(3, 2), (3, 2), (2,)] and layer.non_trainable_weights == []
+    assert [w.shape for w in layer.get_weights()] == [(6, 2), (2,)]
+    layer.set_weights([kernel + 1.0, np.ones(2, "float32")])
+    np.testing.assert_array_equal(layer.weights[1].numpy(), kernel[3:] + 1.0)
+    layer.kernel.trainable = False
+    assert shapes(layer.trainable_weights) == [(2,)] and shapes(layer.non_trainable_weights) == [(3, 2), (3, 2)]
+    assert shapes(layer.weights) == [(3, 2), (3, 2), (2,)]  # Keras' order: the layer's own lists
+
+
+@tf_engine
+@pytest.mark.extended(
+    "partitioned variables with a second worker: make test runs them with 1 worker step for step, and fit on 2 workers "
+    "and 2 ps without a partitioner"
+)
 def test_partitioned_variables_fit_two_workers_two_ps(tmp_path):
     report = _job(tmp_path, 2, 2, "sharded-fit:32")["sharded-fit"]
     assert report["iterations"] == 3 * 32  # every scheduled step, once

@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+#: The suite's own tools (durations, run_parts, the zoo's sample) import no
+#: backend: make test runs these once, in its JAX parts.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "jax") != "jax", reason="backend-free tools: make test runs them once, on JAX"
+)
+
 import durations
 
 TESTS = Path(__file__).resolve().parent

@@ -174,6 +174,7 @@ def test_two_workers_train_as_one_device(torch_jobs, build):
 
 
 @pytest.mark.starts_processes
+@pytest.mark.extended("a second worker count: make test runs the 2-worker jobs (a replica with no rows included)")
 def test_four_workers_train_as_one_device(tmp_path):
     """4 processes: global batches of 16 (4 rows each), a last of 2 (two
     replicas without rows); evaluate and predict in batches of 7 and a last of 1."""

@@ -66,7 +66,12 @@ CASES = {
 #: Adam with four, where its slots are carried through that loop. Adam with
 #: one step re-ran SGD's path (the same gradients, reduced the same way).
 @pytest.mark.parametrize(
-    "optimizer, steps_per_execution", [("sgd", 1), ("sgd", 4), ("adam", 4)], ids=["sgd-1", "sgd-4", "adam-4"]
+    "optimizer, steps_per_execution",
+    [
+        pytest.param("sgd", 1, id="sgd-1", marks=pytest.mark.extended("one step per execution: make test runs the on-device loop (sgd-4)")),
+        pytest.param("sgd", 4, id="sgd-4"),
+        pytest.param("adam", 4, id="adam-4", marks=pytest.mark.extended("Adam's slots through the loop: make test runs SGD's")),
+    ],
 )
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fit_evaluate_predict_match_single_device(tpu_on_cpu, case, optimizer, steps_per_execution):

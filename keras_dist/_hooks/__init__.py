@@ -190,11 +190,20 @@ HOOKS: tuple = (
     *(
         Hook(
             f"keras.src.layers.layer:Layer.{name}",
-            _variables.wrap_trainable_variables,
+            _variables.wrap_variable_list,
             _TF,
-            purpose="parameter servers: a variable split over the ps tasks is trained as its shards",
+            purpose="parameter servers: a variable split over the ps tasks is listed and trained as its shards",
         )
-        for name in ("trainable_weights", "trainable_variables")
+        for name in ("weights", "trainable_variables")
+    ),
+    *(
+        Hook(
+            f"keras.src.layers.layer:Layer.{name}",
+            _variables.wrap_whole_variables,
+            _TF,
+            purpose="parameter servers: get_weights/set_weights see a split variable whole",
+        )
+        for name in ("get_weights", "set_weights")
     ),
     # the distributed steps
     *(

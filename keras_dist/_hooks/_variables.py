@@ -8,6 +8,9 @@ process; tf's MultiWorkerMirroredStrategy broadcasts initial values itself.)
 
 from __future__ import annotations
 
+import functools
+import threading
+
 from keras_dist import _context
 from keras_dist.backends import get_adapter
 
@@ -29,26 +32,56 @@ class HookedProperty(property):
     hook machinery can note the original on it)."""
 
 
-def wrap_trainable_variables(original):
-    """`Layer.trainable_weights` / `trainable_variables`: a variable the
-    engine stores split over the ps tasks (TensorFlow: tf's ShardedVariable
-    under a ParameterServerStrategy's `variable_partitioner`) is listed as
-    its parts, one Keras variable per shard: gradient tapes and optimizers
-    work on those (tf.keras 2 listed the shards likewise). Every other
-    variable, and every model without one, as Keras lists them."""
+#: Inside `get_weights` / `set_weights` (this thread): layers list whole variables.
+_whole_variables = threading.local()
+
+
+def wrap_variable_list(original):
+    """`Layer.weights` / `trainable_variables`: a variable the engine stores
+    split over the ps tasks (TensorFlow: tf's ShardedVariable under a
+    ParameterServerStrategy's `variable_partitioner`) is listed as its
+    parts, one Keras variable per shard: gradient tapes and optimizers work
+    on those, and Keras derives `trainable_weights` and
+    `non_trainable_weights` from `weights`, so every list shows the shards,
+    as tf.keras 2 listed them. Inside `get_weights` / `set_weights` (see
+    `wrap_whole_variables`), and for every other variable and model, as
+    Keras lists them."""
     getter = original.fget
 
-    def trainable(self):
+    def listed(self):
         variable_parts = get_adapter().variable_parts  # an optional capability
-        if variable_parts is None:
+        if variable_parts is None or getattr(_whole_variables, "active", False):
             return getter(self)
-        listed = []
+        variables = []
         for variable in getter(self):
             parts = variable_parts(variable)
-            listed.extend(parts if parts else (variable,))
-        return listed
+            if not parts:
+                variables.append(variable)
+                continue
+            for part in parts:  # Keras filters `weights` by `trainable`: the whole variable's, set later too
+                part.trainable = variable.trainable
+            variables.extend(parts)
+        return variables
 
-    return HookedProperty(trainable, doc=original.__doc__)
+    return HookedProperty(listed, doc=original.__doc__)
+
+
+def wrap_whole_variables(original):
+    """`Layer.get_weights` / `set_weights`: whole variables, as `save_weights`
+    and checkpoints store them, so a model split over the ps tasks gives
+    and takes the weights of the same model unsplit (tf.keras 2 gave the
+    shards)."""
+
+    @functools.wraps(original)
+    def whole(self, *args, **kwargs):
+        outer = getattr(_whole_variables, "active", False)
+        _whole_variables.active = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _whole_variables.active = outer
+
+    return whole
 
 
 def wrap_initialize(original):

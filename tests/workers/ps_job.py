@@ -217,6 +217,10 @@ for mode, steps in JOBS:
         model = custom_loop(steps)
         report["shapes"] = [list(w.shape) for w in model.get_weights()]
         report["trainable_shapes"] = [list(v.shape) for v in model.trainable_variables]
+        report["listed_shapes"] = {
+            name: [list(v.shape) for v in getattr(model, name)]
+            for name in ("weights", "trainable_weights", "non_trainable_weights")
+        }
         if strategy.extended.num_remote_workers == 1:
             reference = single_device_weights(steps)
             report["max_diff"] = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), reference))

@@ -13,8 +13,9 @@ servers, with what Keras 3 breaks fixed.
   shard per ps. The Keras variable holds it (layers compute with all its
   rows), but a gradient tape watches one handle per variable, so trainers
   and optimizers see one Keras variable per shard instead
-  (`variable_parts`, through the hook on `Layer.trainable_weights`), as
-  tf.keras 2 listed the shards in `trainable_weights`.
+  (`variable_parts`, through the hooks on `Layer.weights` and
+  `trainable_variables`), as tf.keras 2 listed the shards; `get_weights` /
+  `set_weights` see the variable whole.
 - Exactly once: tf's coordinator re-runs the function of a worker that
   died, so a function whose writes had reached the ps ran them twice
   (at-least-once). Every write a scheduled function makes to a ps variable

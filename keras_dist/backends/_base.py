@@ -158,6 +158,14 @@ class CustomLoops(typing.Protocol):
     def local_results(self, engine: Any, value: Any) -> tuple:
         """The per-replica components of `value` held by this process."""
 
+    @abc.abstractmethod
+    def place_state(self, engine: Any, state: Any) -> Any:
+        """`state` (a nest of the variables' values, as a custom loop carries
+        them from step to step) placed as `run` returns a value equal on
+        every replica, so a compiled step fed its own returned state takes
+        its first input in the same placement. Where the variables' values
+        already are (an engine that places no carried state), `state`."""
+
 
 class TrainingSteps(typing.Protocol):
     """Keras training steps (called by the hooks): the distributed step functions and what runs inside them."""

@@ -352,6 +352,24 @@ class Strategy:
         """The per-replica components of `value` held by this process."""
         return get_adapter().local_results(self._extended.engine, value)
 
+    def experimental_place_state(self, state):
+        """`state` (the variables' values, as a JAX custom loop carries them
+        from step to step) placed as `run` returns values equal on every
+        replica, so that a `jax.jit` over `run` fed its own returned state
+        compiles once. Only `CentralStorageStrategy` on JAX moves anything
+        (its variables live on the parameter device; the state `run`
+        returns, on the compute devices). Elsewhere, the values as they are.
+
+        ```python
+        strategy = keras_dist.CentralStorageStrategy()
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        state = strategy.experimental_place_state([v.value for v in model.trainable_variables])
+        len(state)  # 2
+        ```
+        """
+        return get_adapter().place_state(self._extended.engine, state)
+
     def experimental_distribute_dataset(self, dataset, options: Any = None):
         """Iterates `dataset`'s global batches as per-replica values.
 

@@ -40,6 +40,7 @@ class JaxAdapter(BackendAdapter):
     reduce = staticmethod(_replica.reduce)
     gather = staticmethod(_replica.gather)
     local_results = staticmethod(_replica.local_results)
+    place_state = staticmethod(_replica.place_state)
     # Keras training steps
     make_trainer_function = staticmethod(_step.make_trainer_function)
     build_outside_replicas = staticmethod(_replica.build_outside_replicas)

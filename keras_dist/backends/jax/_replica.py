@@ -40,6 +40,7 @@ from keras_dist._values import PerReplica
 from keras_dist.backends.jax import _run_variables
 from keras_dist.backends.jax._engine import (
     BATCH_AXIS,
+    ParameterServerEngine,
     place_global_batch,
     replicated_sharding,
 )
@@ -437,6 +438,27 @@ def _is_replicated(engine, value) -> bool:
         and value.sharding.device_set == set(engine.devices)
         and value.sharding.is_fully_replicated
     )
+
+
+def place_state(engine, state):
+    """Each array of `state` replicated over the strategy's devices, as `run`
+    returns a value equal on every replica. Only CentralStorageStrategy
+    moves anything: its variables live on the parameter device, so a
+    `jax.jit` over `run` saw them there at the first step and the state it
+    returned on the compute devices at the second, and compiled twice. One
+    replica, a multi-process job (global arrays, placed by Keras on the
+    mesh) and a parameter-server engine (its variables live in the ps
+    actors): `state` as it is."""
+    if isinstance(engine, ParameterServerEngine) or engine.num_replicas == 1 or jax.process_count() > 1:
+        return state
+    replicated = replicated_sharding(engine)
+
+    def place(value):
+        if isinstance(value, jax.Array) and not _is_tracer(value) and not _is_replicated(engine, value):
+            return jax.device_put(value, replicated)
+        return value
+
+    return jax.tree_util.tree_map(place, state)
 
 
 def _components(value):

@@ -192,6 +192,11 @@ def local_results(engine, value):
     return engine.experimental_local_results(value)
 
 
+def place_state(engine, state):
+    """A TensorFlow step reads the variables themselves: no state to place."""
+    return state
+
+
 def build_outside_replicas(build_fn):
     """Runs `build_fn` (which creates variables) once, eagerly, in
     cross-replica context, from inside a replica function.

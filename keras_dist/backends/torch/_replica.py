@@ -205,6 +205,12 @@ def local_results(engine, value):
     return (value,)
 
 
+def place_state(engine, state):
+    """One replica per process, on its one device, where its variables
+    are: the state is placed as `run` returns it already."""
+    return state
+
+
 # -- variables and optimizers inside run -------------------------------------
 
 #: Whether this thread runs an optimizer's apply inside `run` (its writes are

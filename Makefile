@@ -397,9 +397,10 @@ test-bench: install install-torch
 # kind or signal, Adam where make test runs SGD on the same path, a
 # cross-device op's variants, JAX's runs with tf.data or TensorBoard where
 # make test runs JAX without and TensorFlow with them), in `make test`'s
-# settings (JAX in the union venv, for its tf.data runs; TensorFlow in its
-# own); CI runs it after test-bench, beside test-faults. Both backends run,
-# and the target fails if either failed.
+# settings (JAX in the union venv, for its tf.data runs; TensorFlow and
+# torch in their own); CI runs it after test-keras-min, beside test-zoo
+# (measured: 5.0 CPU-min). Every backend runs, and the target fails if any
+# failed.
 test-extended: install install-torch
 	@mkdir -p $(TEST_LOGS)/durations; status=0; \
 	$(call DURATIONS_FILE,extended-jax) $(call JAX_TEST_CACHE,extended) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \

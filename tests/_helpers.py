@@ -150,3 +150,18 @@ def assert_fit_evaluate_predict_match(reference, distributed, x, y, batch_size, 
     predicted = distributed.predict(x, batch_size=batch_size, verbose=0)
     assert predicted.shape == expected.shape == (len(x), 1)
     np.testing.assert_allclose(predicted, expected, atol=1e-5, rtol=0)
+
+
+def sharded_dense():
+    """TensorFlow: a built Dense(2) on 6 features whose kernel is split in two
+    shards, as a ParameterServerStrategy's partitioner splits it, and the
+    kernel's values."""
+    import tensorflow as tf
+
+    from keras_dist.backends.tensorflow._parameter_servers import _KerasShardedVariable
+
+    layer = keras.layers.Dense(2)
+    layer.build((None, 6))
+    kernel = layer.kernel.numpy()
+    layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
+    return layer, kernel

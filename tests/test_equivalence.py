@@ -186,6 +186,19 @@ def test_dropout_draws_one_devices_masks(make_strategy):
     assert_same_weights(reference, distributed, atol=1e-6)
 
 
+def _tanh_mlp(features):
+    """Dense(16, tanh) and a float32 Dense(1) output, seeded: the models of
+    the mixed-precision tests (the output in float32, as Keras' guide asks)."""
+    init = keras.initializers.GlorotUniform
+    return keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(16, activation="tanh", kernel_initializer=init(seed=1)),
+            keras.layers.Dense(1, kernel_initializer=init(seed=2), dtype="float32"),
+        ]
+    )
+
+
 @pytest.fixture
 def precision_policy():
     """`precision_policy(name)` sets Keras' global dtype policy for the test."""
@@ -215,16 +228,9 @@ def test_mixed_precision_trains_as_one_device_under_the_same_policy(precision_po
     batches (10 rows on 4 replicas, a partial last batch)."""
     precision_policy(policy)
     x, y = make_data(64, seed=2)
-    init = keras.initializers.GlorotUniform
 
     def build():
-        return keras.Sequential(
-            [
-                keras.Input((x.shape[1],)),
-                keras.layers.Dense(16, activation="tanh", kernel_initializer=init(seed=1)),
-                keras.layers.Dense(1, kernel_initializer=init(seed=2), dtype="float32"),
-            ]
-        )
+        return _tanh_mlp(x.shape[1])
 
     reference = build()
     reference.compile(keras.optimizers.SGD(0.05), "mse")
@@ -330,13 +336,7 @@ def test_bfloat16_gap_is_the_data_parallel_sums_own(precision_policy, make_strat
     y = y - 0.3  # a nonzero regression target for every row
 
     def build():
-        model = keras.Sequential(
-            [
-                keras.Input((x.shape[1],)),
-                keras.layers.Dense(16, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
-                keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=2), dtype="float32"),
-            ]
-        )
+        model = _tanh_mlp(x.shape[1])
         model.compile(keras.optimizers.SGD(1.0), "mse")
         return model
 

@@ -15,7 +15,7 @@ import pytest
 import keras_dist
 from keras_dist import _context, _hooks
 from keras_dist._hooks import _files
-from _helpers import FEATURES, compile_model, make_data, mlp, twin, two_heads
+from _helpers import FEATURES, compile_model, make_data, mlp, sharded_dense, twin, two_heads
 from conftest import BACKEND, jax_train_step
 
 def test_exactly_the_table_s_hooks_are_installed():
@@ -307,20 +307,6 @@ def _apply_first_inside_run(mirrored):
     return model.get_weights()
 
 
-def _sharded_dense():
-    """A built Dense(2) on 6 features whose kernel is split in two shards (as
-    a ParameterServerStrategy's partitioner makes it), and the kernel."""
-    import tensorflow as tf
-
-    from keras_dist.backends.tensorflow._parameter_servers import _KerasShardedVariable
-
-    layer = keras.layers.Dense(2)
-    layer.build((None, 6))
-    kernel = layer.kernel.numpy()
-    layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
-    return layer, kernel
-
-
 def _probe_sharded_trainable(mirrored, tmp_path):
     """A variable split over the ps tasks (tf's ShardedVariable) is listed
     and trains as its shards: `weights` (and Keras' `trainable_weights`
@@ -328,7 +314,7 @@ def _probe_sharded_trainable(mirrored, tmp_path):
     them, and a tape takes their gradients (it cannot watch the whole)."""
     import tensorflow as tf
 
-    layer, _ = _sharded_dense()
+    layer, _ = sharded_dense()
     with tf.GradientTape() as tape:
         loss = keras.ops.sum(layer(np.ones((4, 6), "float32")) ** 2)
     weights = layer.trainable_weights
@@ -342,7 +328,7 @@ def _probe_sharded_trainable(mirrored, tmp_path):
 def _probe_whole_get_set_weights(mirrored, tmp_path):
     """`get_weights` / `set_weights` of a layer with a split variable give and
     take it whole, as an unsplit layer's."""
-    layer, kernel = _sharded_dense()
+    layer, kernel = sharded_dense()
     shapes = [w.shape for w in layer.get_weights()]
     try:
         layer.set_weights([kernel + 1.0, np.zeros(2, "float32")])

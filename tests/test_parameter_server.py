@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 
+from _helpers import sharded_dense
 from conftest import BACKEND
 
 import keras_dist
@@ -110,14 +111,7 @@ def test_a_split_variable_is_listed_as_its_shards_and_got_and_set_whole():
     it): every weight list shows the shards, `weights` is trainable +
     non-trainable, a kernel made non-trainable takes its shards along, and
     `get_weights` / `set_weights` give and take it whole."""
-    import tensorflow as tf
-
-    from keras_dist.backends.tensorflow._parameter_servers import _KerasShardedVariable
-
-    layer = keras.layers.Dense(2)
-    layer.build((None, 6))
-    kernel = layer.kernel.numpy()
-    layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
+    layer, kernel = sharded_dense()
 
     def shapes(variables):
         return [tuple(v.shape) for v in variables]

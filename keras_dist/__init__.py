@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from keras_dist import _error_file
 from keras_dist import _foreign  # noqa: F401 - standard library only; lends cluster_resolver its tf-object check
 
-_error_file.install()  # only under `keras-dist launch` (KERAS_DIST_ERROR_FILE set)
+_error_file.install()  # only under `keras-dist launch` or torchrun (KERAS_DIST_ERROR_FILE, TORCHELASTIC_ERROR_FILE)
 
 __version__ = "0.1.0"
 

@@ -45,6 +45,22 @@ def canonical_device(name: str) -> str:
     return f"{match['type'].lower()}:{int(match['index'])}"
 
 
+def more_cpu_replicas_hint() -> str:
+    """How to get several CPU replicas on this backend (the sentence that
+    ends the errors and notes about too few devices)."""
+    from keras_dist.backends import backend_name
+
+    if backend_name() == "torch":  # a replica is a process there
+        return (
+            "On the torch backend a replica is a process: run several with `keras-dist launch -n N --backend torch "
+            "script.py` (or torchrun --nproc-per-node N) and keras_dist.MultiWorkerMirroredStrategy() in the script."
+        )
+    return (
+        "To simulate several CPU devices call keras_dist.simulate_cpu_devices(n) before the backend starts "
+        "(right after the imports, before any computation)."
+    )
+
+
 def resolve_devices(
     requested: Iterable[str] | None, visible: Sequence[str]
 ) -> tuple[str, ...]:
@@ -76,8 +92,7 @@ def resolve_devices(
     if missing:
         raise ValueError(
             f"Device(s) {missing} are not visible to this process. Visible "
-            f"devices: {list(visible)}. To simulate several CPU devices call "
-            "keras_dist.simulate_cpu_devices(n) before creating a strategy."
+            f"devices: {list(visible)}. {more_cpu_replicas_hint()}"
         )
     if len(set(chosen)) != len(chosen):
         raise ValueError(f"Duplicate devices in {list(chosen)}.")

@@ -56,20 +56,48 @@ def read(path: str) -> dict | None:
     return record if isinstance(record, dict) and "traceback" in record else None
 
 
+#: torchrun's variable: where a worker writes its root cause (torch's
+#: `torch.distributed.elastic` error-file JSON), so that torchrun's failure
+#: summary shows it instead of `error_file: <N/A>`.
+TORCHRUN_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
+
+
+def write_torchrun(path: str, kind, value, traceback) -> None:
+    """Writes one exception as torchrun reads it (the format of torch's
+    `ErrorHandler.record_exception`; atomically: temp file, rename)."""
+    record = {
+        "message": {
+            "message": f"{getattr(kind, '__name__', str(kind))}: {value}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback_module.format_exception(kind, value, traceback)),
+                "timestamp": str(int(time.time())),
+            },
+        }
+    }
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as handle:
+        json.dump(record, handle)
+    os.replace(temporary, path)
+
+
 def install() -> None:
-    """Chains the excepthook that writes the file (only under the launcher)."""
-    path = os.environ.get(ENV_VAR)
-    if not path or getattr(sys.excepthook, "_keras_dist_error_file", False):
+    """Chains the excepthook that writes the file: keras-dist launch's
+    (`KERAS_DIST_ERROR_FILE`) and torchrun's (`TORCHELASTIC_ERROR_FILE`),
+    each only where its launcher set it."""
+    targets = [(os.environ.get(ENV_VAR), write), (os.environ.get(TORCHRUN_ENV_VAR), write_torchrun)]
+    targets = [(path, writer) for path, writer in targets if path]
+    if not targets or getattr(sys.excepthook, "_keras_dist_error_file", False):
         return
     previous = sys.excepthook
 
     def excepthook(kind, value, traceback):
         previous(kind, value, traceback)
         if not issubclass(kind, KeyboardInterrupt):
-            try:
-                write(path, kind, value, traceback)
-            except OSError:
-                pass  # the launcher's directory is gone: nobody is listening
+            for path, writer in targets:
+                try:
+                    writer(path, kind, value, traceback)
+                except OSError:
+                    pass  # the launcher's directory is gone: nobody is listening
 
     excepthook._keras_dist_error_file = True
     sys.excepthook = excepthook

@@ -63,3 +63,26 @@ def differs_across_replicas_message(name: str, aggregation: str, tf_variable_cla
         "keras.Variable(0.0, aggregation='sum')), or update it outside "
         "strategy.run from the reduced value."
     )
+
+
+def uneven_gather_message(axis: int, shapes: list) -> str | None:
+    """The error for gathering per-replica values whose shapes differ other
+    than along `axis` (tf.distribute requires them equal there), or None
+    when they may be concatenated. `shapes`: (who, shape, dtype) a replica."""
+    ranks = {len(shape) for _, shape, _ in shapes}
+    if len(ranks) == 1:
+        rank = ranks.pop()
+        axis = axis % rank if rank else 0
+        if len({(tuple(shape[:axis]) + tuple(shape[axis + 1 :]), _dtype_name(dtype)) for _, shape, dtype in shapes}) == 1:
+            return None
+    listing = ", ".join(f"{who}: {tuple(shape)} {_dtype_name(dtype)}" for who, shape, dtype in shapes)
+    return (
+        f"Cannot gather along axis {axis}: the replicas' values must have the same dtype and rank and the same "
+        f"size on every other axis, as tf.distribute requires ({listing}). Gather along the axis where they "
+        "differ, or pad them to one shape inside strategy.run."
+    )
+
+
+def _dtype_name(dtype) -> str:
+    """'float32' for NumPy's, TensorFlow's, JAX's and torch's float32."""
+    return getattr(dtype, "name", None) or str(dtype).replace("torch.", "")

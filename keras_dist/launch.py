@@ -472,8 +472,10 @@ def _launch_parser(prog: str) -> argparse.ArgumentParser:
         "set for a multi-worker job on free loopback ports.",
         epilog="Example: keras-dist launch -n 2 --backend jax train.py --epochs 3",
     )
-    parser.add_argument("-n", "--num-workers", "--workers", dest="num_workers", type=int, required=True,
-                        metavar="N", help="number of worker processes (>= 1)")
+    parser.add_argument("-n", "--num-workers", "--workers", "--nproc-per-node", "--nproc_per_node",
+                        dest="num_workers", type=int, required=True,
+                        metavar="N", help="number of worker processes (>= 1; --nproc-per-node: torchrun's "
+                        "spelling, this one host's processes)")
     parser.add_argument("--ps", type=int, default=0, metavar="M",
                         help="a parameter-server job: M ps tasks and N workers (TensorFlow: "
                         "server processes), the script running once as the chief (the "
@@ -523,6 +525,51 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: torchrun's options for jobs over several hosts, which keras-dist launch
+#: (the workers of one host, on free loopback ports) does not take.
+_TORCHRUN_ONLY = ("--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint", "--rdzv-backend",
+                  "--rdzv-id", "--rdzv-conf", "--max-nodes")
+
+
+#: keras-dist launch's own options that take a value.
+_TAKES_A_VALUE = ("-n", "--num-workers", "--workers", "--nproc-per-node", "--ps", "--backend", "--max-restarts",
+                  "--timeout", "--max-time", "--log-dir", "--local-ranks-filter", "--host")
+
+
+def _torchrun_options(parser, argv: list) -> list:
+    """torchrun's one-host spellings before the script: `--standalone` and
+    `--nnodes 1` (what keras-dist launch does) are taken; its multi-host
+    options are one usage error naming torchrun."""
+    out = []
+    arguments = iter(argv)
+    for argument in arguments:
+        if not argument.startswith("-"):  # the script: the rest is the script's
+            out.append(argument)
+            out.extend(arguments)
+            break
+        name, has_value, value = argument.partition("=")
+        spelling = name.replace("_", "-")
+        if spelling == "--standalone":
+            continue
+        if spelling == "--nnodes":
+            value = value if has_value else next(arguments, "")
+            if value.strip() not in ("1", "1:1"):
+                parser.error(f"--nnodes {value}: keras-dist launch starts the workers of one host. For several "
+                             "hosts run torchrun itself on each (keras_dist reads torchrun's variables), or set "
+                             "TF_CONFIG per host.")
+            continue
+        if spelling in _TAKES_A_VALUE and not has_value:  # its value is not the script
+            out.append(argument)
+            out.append(next(arguments, ""))
+            continue
+        if spelling in _TORCHRUN_ONLY:
+            parser.error(f"{name} is torchrun's option for jobs over several hosts: keras-dist launch starts the "
+                         "workers of one host on free loopback ports. Run torchrun itself for that (keras_dist "
+                         "reads torchrun's variables).")
+        out.append(argument)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The `keras-dist` command line; returns the exit code.
 
@@ -545,6 +592,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[0] == "launch":
             argv = argv[1:]
         parser = _launch_parser("keras-dist launch")
+        argv = _torchrun_options(parser, argv)
         options = parser.parse_args(argv)
         try:
             _validate(options.script, options.args, options.num_workers, options.backend,

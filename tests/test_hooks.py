@@ -113,6 +113,17 @@ def _probe_save(mirrored, tmp_path, monkeypatch):
     return (tmp_path / "model.keras").exists()
 
 
+def _probe_save_weights(mirrored, tmp_path, monkeypatch):
+    """A non-chief worker's `save_weights` leaves nothing at the user's path
+    (every worker calls it; two writing one file tore it)."""
+    strategy = mirrored(2)
+    with strategy.scope():
+        model = compile_model(mlp(), "sgd")
+    monkeypatch.setattr(type(strategy.extended), "should_checkpoint", property(lambda self: False))
+    model.save_weights(tmp_path / "model.weights.h5")
+    return (tmp_path / "model.weights.h5").exists()
+
+
 def _fit_with_backup(mirrored, tmp_path, epochs=1):
     x, y = make_data(16)
     with mirrored(2).scope():
@@ -531,6 +542,7 @@ PROBES = {
     **{f"keras.src.models.model:Model.{name}": _entry_probe(name) for name in (
         "fit", "evaluate", "predict", "train_on_batch", "test_on_batch", "predict_on_batch")},
     "keras.src.models.model:Model.save": _probe_save,
+    "keras.src.models.model:Model.save_weights": _probe_save_weights,
     f"{_FILES}._save_model": _probe_backup_save,
     f"{_FILES}._load_model": _probe_backup_load,
     "keras.src.losses.loss:Loss.__call__": _probe_loss_call,
@@ -645,7 +657,7 @@ def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, r
     if BACKEND == "jax":
         request.getfixturevalue("per_replica_step")
     probe = PROBES[target]
-    extra = (monkeypatch,) if probe in (_probe_save, _probe_values_from_chief, _probe_assign_on_ps) else ()
+    extra = (monkeypatch,) if probe in (_probe_save, _probe_save_weights, _probe_values_from_chief, _probe_assign_on_ps) else ()
     live = _outcome(probe, mirrored, tmp_path / "live", *extra)
     owner, name = _hooks.resolve(target)
     monkeypatch.setattr(owner, name, _hooks.ORIGINALS[target])
@@ -802,6 +814,36 @@ def test_code_outside_a_strategy_is_plain_keras_bit_for_bit(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     assert results["with"] == results["without"]  # exact, not approximate
+
+
+@pytest.mark.parametrize("kind", ["save", "save_weights"])
+def test_the_chief_s_file_is_whole_or_the_previous_one(mirrored, tmp_path, kind):
+    """Under a strategy the chief writes a temporary file, then renames it:
+    a write that fails half-way (a full disk, a killed process) leaves the
+    previous file, loadable, and no temporary file (plain Keras leaves the
+    half-written one in place)."""
+    path = tmp_path / ("model.keras" if kind == "save" else "model.weights.h5")
+    with mirrored(2).scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse")
+    getattr(model, kind)(path)
+    saved = model.get_weights()
+    model.set_weights([w + 1.0 for w in saved])
+
+    def disk_full(store):
+        raise OSError("disk full (simulated)")
+
+    model.layers[-1].save_own_variables = disk_full  # the second layer's weights fail to write
+    with pytest.raises(OSError, match="disk full"):
+        getattr(model, kind)(path)
+    assert sorted(os.listdir(tmp_path)) == [path.name]
+    if kind == "save":
+        plain = keras.saving.load_model(path, compile=False)
+    else:
+        plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+        plain.load_weights(path)
+    for got, want in zip(plain.get_weights(), saved):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_private_copies_of_file_writing_callbacks(tmp_path):

@@ -548,3 +548,27 @@ def test_the_command_line_runs_without_the_other_backend(tmp_path, worker, missi
     probe = "import sys, keras_dist; keras_dist.__version__; print('keras' in sys.modules)"
     imported = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert imported.stdout.strip() == "False", imported.stderr[-2000:]
+
+
+@pytest.mark.parametrize("spelling", [["--nproc-per-node", "2"], ["--nproc_per_node=2"], ["--standalone", "--nnodes", "1", "--nproc-per-node", "2"]])
+def test_torchrun_s_one_host_spellings_are_taken(tmp_path, spelling):
+    """A torchrun user's habits: the worker count as --nproc-per-node (or
+    --nproc_per_node=N), --standalone and --nnodes 1 (one host: what
+    keras-dist launch does)."""
+    script = tmp_path / "count.py"
+    script.write_text("import os; print('workers', os.environ['KERAS_DIST_NUM_WORKERS'])\n")
+    done = subprocess.run([sys.executable, "-m", "keras_dist.launch", *spelling, "--timeout", "60", str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("workers 2") == 2, done.stdout
+
+
+@pytest.mark.parametrize("spelling, named", [
+    (["--nnodes", "2"], "--nnodes 2"),
+    (["--master-port=29500"], "--master-port"),
+    (["--rdzv_endpoint", "host:29400"], "--rdzv_endpoint"),
+])
+def test_torchrun_s_multi_host_options_are_one_usage_error(spelling, named, capsys):
+    assert launch_module.main(["launch", "-n", "2", *spelling, "train.py"]) == 2
+    error = capsys.readouterr().err
+    assert named in error and "torchrun itself" in error

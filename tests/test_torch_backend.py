@@ -442,3 +442,21 @@ def test_keras_io_torch_loop_guide_on_two_workers_trains_as_one_device(tmp_path)
         assert result["replicas"] == 2
         _assert_guide_matches(result["distributed"], result["one_device"])
     assert results[0]["distributed"]["weights"] == results[1]["distributed"]["weights"]
+
+
+@pytest.mark.starts_processes
+def test_torchrun_s_failure_summary_shows_the_root_cause(tmp_path):
+    """Under torchrun a worker's uncaught exception is written to torchrun's
+    error file (TORCHELASTIC_ERROR_FILE), so its summary names it (it
+    showed `error_file: <N/A>` and no traceback)."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os\nimport keras_dist\n"
+                      "if os.environ['RANK'] == '1':\n    raise ValueError('bad row 7 on this worker')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ, KERAS_BACKEND="torch"),
+    )
+    assert done.returncode != 0
+    summary = done.stderr[done.stderr.rfind("Root Cause"):]
+    assert "error_file: <N/A>" not in summary, summary
+    assert "ValueError: bad row 7 on this worker" in summary and "fails.py" in summary, summary

@@ -54,7 +54,11 @@ HOOKS: tuple = (
         for name in _entry.ENTRY_POINTS
     ),
     # checkpoints and chief-only files
-    Hook(f"{_MODEL}.save", _files.wrap_save, purpose="non-chief workers save to a private temp file"),
+    *(
+        Hook(f"{_MODEL}.{kind}", _files.wrap_chief_only_write(kind),
+             purpose="non-chief workers write a private temp file; the chief's is written whole, then renamed")
+        for kind in ("save", "save_weights")
+    ),
     Hook(f"{_files.BACKUP}._save_model", _files.wrap_backup_save, purpose="atomic backups; non-chief: private dir"),
     Hook(f"{_files.BACKUP}._load_model", _files.wrap_backup_load, purpose="the epoch committed with the weights"),
     # loss scaling and BatchNorm moments

@@ -9,6 +9,7 @@ import contextlib
 import inspect
 
 import keras
+import numpy as np
 
 from keras_dist import _context, _tf_data
 from keras_dist._communication import PeerWorkerError
@@ -166,6 +167,7 @@ def wrap_entry(name: str):
             empties = {}
             if batch_arguments:
                 args, kwargs, empties = _per_worker_streams(name, signature, strategy, self, args, kwargs)
+                _check_same_call_on_every_worker(name, signature, strategy, self, args, kwargs, empties)
             try:
                 with _sigterm.stop_on_sigterm(strategy) if name == "fit" else contextlib.nullcontext() as agree:
                     if agree is not None:
@@ -177,6 +179,89 @@ def wrap_entry(name: str):
         return entry
 
     return make
+
+
+#: What `_check_same_call_on_every_worker` compares, by entry point: the
+#: input's size (rows, or batches where it has a length, -1 unknown) and
+#: the arguments that set how many steps run.
+_SAME_ON_EVERY_WORKER = {
+    "fit": ("x", "validation_data", "batch_size", "epochs", "initial_epoch", "steps_per_epoch",
+            "validation_steps", "validation_batch_size", "validation_freq", "validation_split"),
+    "evaluate": ("x", "batch_size", "steps"),
+    "predict": ("x", "batch_size", "steps"),
+}
+
+
+def _input_size(value) -> int:
+    """Rows of an array input (its first array's), the length of one with a
+    length (PyDataset, DataLoader) or tf.data's cardinality; -1 unknown."""
+    if value is None:
+        return -1
+    if isinstance(value, (list, tuple, dict)) and not hasattr(value, "shape"):
+        leaves = [leaf for leaf in keras.tree.flatten(value) if hasattr(leaf, "shape")]
+        value = leaves[0] if leaves else value
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) and shape[0] is not None:
+        return int(shape[0])
+    if hasattr(value, "cardinality"):
+        try:
+            return int(value.cardinality())
+        except Exception:  # noqa: BLE001 - not a tf.data dataset after all
+            return -1
+    try:
+        return len(value)
+    except TypeError:
+        return -1
+
+
+def _argument_code(argument: str, value) -> int:
+    if argument in ("x", "validation_data"):
+        return _input_size(value)
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return -1
+    return int(round(value * 1_000_000)) if argument == "validation_split" else int(value)
+
+
+def _check_same_call_on_every_worker(name, signature, strategy, model, args, kwargs, empties) -> None:
+    """In a multi-worker job every worker must call `name` with the same
+    input and step arguments: each takes its rows of the same global
+    batches, step by step. Compared before the first step (one all-gather):
+    a worker with fewer rows or another `epochs` would otherwise train some
+    steps, then fail or wait at a step the others never reach."""
+    if strategy.extended.num_workers < 2:
+        return
+    try:
+        bound = signature.bind(model, *args, **kwargs).arguments
+    except TypeError:
+        return  # Keras reports the bad call
+    names = _SAME_ON_EVERY_WORKER[name]
+    own = np.array([
+        -2 if argument in ("x", "validation_data") and empties.get(
+            _STEP_KINDS[name] if argument == "x" else "test") is not None  # a per-worker stream: sizes differ
+        else _argument_code(argument, bound.get(argument))
+        for argument in names
+    ], dtype=np.int32)
+    (every,) = get_adapter().values_from_every_worker([own])
+    every = np.asarray(every)
+    differ = [i for i in range(len(names)) if len(set(every[:, i].tolist())) > 1]
+    if differ:
+        listing = "; ".join(
+            f"{names[i]}: " + ", ".join(f"worker {w} {_shown(names[i], int(every[w, i]))}" for w in range(len(every)))
+            for i in differ
+        )
+        raise ValueError(
+            f"{name} was called with different input or arguments on the workers ({listing}). Every worker of a "
+            f"MultiWorkerMirroredStrategy job must call {name} with the same data (every worker takes its own rows "
+            "of each global batch) and the same arguments. Nothing was trained."
+        )
+
+
+def _shown(argument: str, code: int) -> str:
+    if argument in ("x", "validation_data"):
+        return {-1: "(size unknown)", -2: "(its own stream)"}.get(code, f"{code} rows or batches")
+    if code == -1:
+        return "None"
+    return str(code / 1_000_000) if argument == "validation_split" else str(code)
 
 
 def _with_callback(signature, model, args, kwargs, callback):

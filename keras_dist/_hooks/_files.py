@@ -184,21 +184,73 @@ def run_as_non_chief(original, signature, strategy, model, args, kwargs):
         shutil.rmtree(private, ignore_errors=True)
 
 
-def wrap_save(original):
-    def save(self, filepath, *args, **kwargs):
-        strategy = model_strategy(self)
-        if strategy is None or strategy.extended.should_checkpoint:
-            return original(self, filepath, *args, **kwargs)
-        private = tempfile.mkdtemp(prefix=_worker_tag(strategy))
-        try:  # same work as the chief, nothing left at the user's path
-            target = os.path.join(private, os.path.basename(str(filepath)))
-            return original(self, target, *args, **kwargs)
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
-
-    return save
+#: What `Model.save` and `Model.save_weights` write as one file, by suffix
+#: (a sharded `save_weights`, `max_shard_size`, writes several: not renamed
+#: as one; an unzipped `save`, `zipped=False`, writes a directory).
+_ONE_FILE_SUFFIXES = {"save": (".keras", ".h5"), "save_weights": (".weights.h5",)}
 
 
+def _one_file_target(kind: str, filepath, args, kwargs) -> Optional[str]:
+    """The local path `kind` writes as one file, or None (a remote or
+    file-like target, a sharded or unzipped write, or an existing file the
+    user asked not to overwrite: Keras' own prompt decides)."""
+    if not isinstance(filepath, (str, os.PathLike)):
+        return None
+    path = os.fspath(filepath)
+    if "://" in path or not path.endswith(_ONE_FILE_SUFFIXES[kind]):
+        return None
+    if kwargs.get("max_shard_size") is not None or kwargs.get("zipped") is False:
+        return None
+    overwrite = kwargs.get("overwrite", args[0] if args else True)
+    if not overwrite and os.path.exists(path):
+        return None
+    return path
+
+
+def _write_atomically(original, model, kind, filepath, args, kwargs):
+    """The chief's write: to a temporary file beside the target, renamed into
+    place when whole, so a reader (or a process killed mid-write) sees the
+    previous file or the new one, never a torn one."""
+    path = _one_file_target(kind, filepath, args, kwargs)
+    if path is None:
+        return original(model, filepath, *args, **kwargs)
+    directory, name = os.path.split(os.path.abspath(path))
+    suffix = next(s for s in _ONE_FILE_SUFFIXES[kind] if name.endswith(s))
+    temporary = os.path.join(directory, f".{name[: -len(suffix)]}.tmp-{os.getpid()}{suffix}")
+    try:
+        result = original(model, temporary, *args, **kwargs)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    return result
+
+
+def wrap_chief_only_write(kind: str):
+    """`Model.save` / `Model.save_weights` under a strategy: a non-chief
+    worker does the same work into a private temporary directory (every
+    worker calls it, as in tf.distribute; only the chief's file is the
+    user's), and the chief's file is written whole, then renamed."""
+
+    def wrap(original):
+        def write(self, filepath, *args, **kwargs):
+            strategy = model_strategy(self)
+            if strategy is None:
+                return original(self, filepath, *args, **kwargs)
+            if strategy.extended.should_checkpoint:
+                return _write_atomically(original, self, kind, filepath, args, kwargs)
+            if not isinstance(filepath, (str, os.PathLike)):  # a file object: this process's own
+                return original(self, filepath, *args, **kwargs)
+            private = tempfile.mkdtemp(prefix=_worker_tag(strategy))
+            try:  # same work as the chief, nothing left at the user's path
+                target = os.path.join(private, os.path.basename(os.fspath(filepath).rstrip("/\\")))
+                return original(self, target, *args, **kwargs)
+            finally:
+                shutil.rmtree(private, ignore_errors=True)
+
+        return write
+
+    return wrap
 
 
 def check_backup_dirs_writable(callbacks) -> None:

@@ -21,6 +21,7 @@ def wrap_distribute_tensor(original):
         if _context.current_strategy() is None:  # the adapter leaves alone what no strategy placed
             return adapter.place_variable_value(original(tensor, layout), layout)
         if adapter.is_multi_process():
+            _check_same_variable_on_every_worker(adapter, "a value placed on the mesh", tensor)
             (tensor,) = adapter.values_from_chief([tensor])
         return adapter.place_variable_value(original(tensor, layout), layout)
 
@@ -84,6 +85,38 @@ def wrap_whole_variables(original):
     return whole
 
 
+def _check_same_variable_on_every_worker(adapter, name: str, value) -> None:
+    """Every worker creates its variables in the same order, of the same
+    shape and dtype (the same model): else the chief's value would be
+    written into another variable. One clear error on every worker, naming
+    each one's variable, before any value is taken (one all-gather)."""
+    import zlib
+
+    import numpy as np
+
+    shape = tuple(int(d) for d in getattr(value, "shape", ()))
+    dtype = str(getattr(value, "dtype", type(value).__name__)).replace("torch.", "")
+    text = f"{name} {shape} {dtype}"
+    described = np.frombuffer(text.encode()[:_DESCRIBED_BYTES].ljust(_DESCRIBED_BYTES), dtype=np.uint8)
+    # compared: the shape and the dtype (a path may differ: layer names count per process)
+    key = np.array([len(shape), zlib.crc32(repr((shape, dtype)).encode()) % 2**31], np.int32)
+    texts, keys = adapter.values_from_every_worker([described.astype(np.int32), key])
+    if all(np.array_equal(row, keys[0]) for row in keys):
+        return
+    made = [bytes(np.asarray(row).astype(np.uint8)).decode(errors="replace").strip() for row in texts]
+    raise ValueError(
+        "The workers built different models: at the same variable "
+        + ", ".join(f"worker {w} has {d}" for w, d in enumerate(made))
+        + ". Every worker of a job must build the same model (the same layers in the same order, of the same "
+        "shapes): each starts from the chief's weights and trains with it step by step."
+    )
+
+
+#: The text of a variable (path, shape, dtype) that
+#: `_check_same_variable_on_every_worker` shows, cut to this many bytes.
+_DESCRIBED_BYTES = 96
+
+
 def wrap_initialize(original):
     """A backend's `Variable._initialize(value)` (torch): in a multi-process
     job, under a strategy, a new variable takes the chief's initial value, so
@@ -92,6 +125,7 @@ def wrap_initialize(original):
     def _initialize(self, value):
         adapter = get_adapter()
         if _context.current_strategy() is not None and adapter.is_multi_process():
+            _check_same_variable_on_every_worker(adapter, getattr(self, "path", None) or self.name, value)
             (value,) = adapter.values_from_chief([value])
         return original(self, value)
 

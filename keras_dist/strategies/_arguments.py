@@ -56,6 +56,63 @@ def _check_axis(method: str, axis: Any, components: tuple) -> None:
         )
 
 
+#: Dimensions of each per-replica value that `_check_gather_shapes`
+#: compares across workers (a higher rank is compared by its first ones).
+_GATHER_CHECKED_RANK = 8
+
+
+def _check_gather_shapes(strategy: Any, value: Any, axis: int, components: tuple) -> None:
+    """Every replica's value of a per-replica `value` must agree but along
+    `axis` (tf.distribute's rule): one clear error on every worker, before
+    any collective (tf's and gloo's own errors come from inside one, and
+    leave the job's collectives unusable: "Restart your program"). Across
+    workers the shapes travel first (one all-gather of a few integers)."""
+    import zlib
+
+    import numpy as np
+
+    from keras_dist._values import PerReplica, _dtype_name, uneven_gather_message
+
+    workers = strategy.extended.num_workers
+    if not isinstance(value, PerReplica):
+        from keras_dist.backends import backend_name
+
+        # tf.distribute gives run's result of a worker's one replica as a
+        # plain tensor, and gathers it over the job: checked as one
+        if not (workers > 1 and backend_name() == "tensorflow" and hasattr(value, "shape")):
+            return
+    shaped = all(hasattr(c, "shape") and hasattr(c, "dtype") for c in components)
+    shapes = [(f"replica {i}", tuple(int(d) for d in c.shape), _dtype_name(c.dtype))
+              for i, c in enumerate(components)] if shaped else []
+    if workers > 1:
+        rows = np.full((max(1, len(components)), _GATHER_CHECKED_RANK + 2), -1, np.int32)
+        if shaped:
+            for row, (_, shape, dtype) in zip(rows, shapes):
+                row[0] = len(shape)
+                row[1 : 1 + min(len(shape), _GATHER_CHECKED_RANK)] = shape[:_GATHER_CHECKED_RANK]
+                row[-1] = zlib.crc32(dtype.encode()) % 2**31
+        else:
+            rows[:, 0] = -2  # nests and numbers: the engine checks them
+        from keras_dist.backends import get_adapter
+
+        (every,) = get_adapter().values_from_every_worker([rows])
+        every = np.asarray(every)
+        if (every[:, :, 0] == -2).any():
+            return
+        names = {zlib.crc32(d.encode()) % 2**31: d for d in ("float16", "bfloat16", "float32", "float64", "int8",
+                                                             "int16", "int32", "int64", "uint8", "bool")}
+        shapes = [
+            (f"worker {w} replica {r}", tuple(int(d) for d in row[1 : 1 + min(int(row[0]), _GATHER_CHECKED_RANK)]),
+             names.get(int(row[-1]), "another dtype"))
+            for w, worker in enumerate(every) for r, row in enumerate(worker)
+        ]
+    if len(shapes) < 2:
+        return
+    message = uneven_gather_message(axis, shapes)
+    if message is not None:
+        raise ValueError(message)
+
+
 def _natively(adapter, engine, dataset, first_replica: int, kind: str, options) -> Any:
     """The engine's own distributed dataset (the adapter's optional
     `distribute_dataset_natively`), or None: keras_dist splits on the host."""

@@ -24,6 +24,7 @@ from keras_dist._reduce import ReduceOp
 from keras_dist.backends import get_adapter
 from keras_dist.strategies._arguments import (
     _check_axis,
+    _check_gather_shapes,
     _check_host_input_options,
     _check_per_replica_arguments,
     _input_options,
@@ -345,7 +346,9 @@ class Strategy:
 
     def gather(self, value, axis: int):
         """Concatenates the per-replica components of `value` along `axis`."""
-        _check_axis("gather", axis, self.experimental_local_results(value))
+        components = self.experimental_local_results(value)
+        _check_axis("gather", axis, components)
+        _check_gather_shapes(self, value, axis, components)
         return get_adapter().gather(self._extended.engine, value, axis)
 
     def experimental_local_results(self, value) -> tuple:

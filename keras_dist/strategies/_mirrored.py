@@ -12,6 +12,45 @@ from keras_dist.backends import get_adapter
 from keras_dist.strategies._base import Strategy, StrategyExtended
 
 
+def _one_worker_of_several() -> Optional[str]:
+    """How this process's environment makes it one worker of a synchronous
+    multi-worker job (TF_CONFIG with several chief/worker tasks and no ps,
+    as `keras-dist launch -n N` sets it; torchrun's variables with
+    WORLD_SIZE > 1), or None."""
+    import os
+
+    from keras_dist.cluster_resolver import TFConfigClusterResolver
+    from keras_dist.cluster_resolver._torchrun import in_torchrun_job
+
+    if os.environ.get("TF_CONFIG"):
+        resolver = TFConfigClusterResolver()
+        try:
+            jobs = resolver.cluster_spec().as_dict()
+            task_type, index = resolver.task_type, resolver.task_id
+        except ValueError:  # a malformed TF_CONFIG: MultiWorkerMirroredStrategy says what is wrong
+            return None
+        workers = len(jobs.get("chief", ())) + len(jobs.get("worker", ()))
+        if task_type in ("chief", "worker") and workers > 1 and not jobs.get("ps"):
+            return f"task {task_type}:{index} of the {workers} chief/worker tasks in TF_CONFIG"
+    elif in_torchrun_job() and int(os.environ["WORLD_SIZE"]) > 1:
+        return f"rank {os.environ['RANK']} of the {os.environ['WORLD_SIZE']} processes torchrun's variables describe"
+    return None
+
+
+def _refuse_in_a_multi_worker_job(name: str) -> None:
+    """A one-process strategy in one worker of a multi-worker job would train
+    one model per worker, each on all the data, all writing the same files
+    (tf.distribute does that silently): refused, naming the strategy meant."""
+    where = _one_worker_of_several()
+    if where is not None:
+        raise ValueError(
+            f"{name} in a multi-worker job ({where}): each worker would train its own model on all of the data "
+            "and write the same files. To train one model over every worker's devices use "
+            "keras_dist.MultiWorkerMirroredStrategy(); to train independent models, start each process on its own "
+            "(without keras-dist launch / torchrun, TF_CONFIG unset)."
+        )
+
+
 class OneDeviceStrategy(Strategy):
     """Places variables and computation on one device.
 
@@ -26,6 +65,7 @@ class OneDeviceStrategy(Strategy):
                 "OneDeviceStrategy takes one device name such as 'cpu:0' or "
                 f"'/gpu:0'; got {device!r}."
             )
+        _refuse_in_a_multi_worker_job("OneDeviceStrategy")
         visible = get_adapter().visible_devices()
         super().__init__(_OneDeviceExtended(self, _devices.resolve_devices([device], visible)))
 
@@ -65,6 +105,7 @@ class MirroredStrategy(Strategy):
         devices: Optional[Sequence[str]] = None,
         cross_device_ops: Optional[_cross_device_ops.CrossDeviceOps] = None,
     ):
+        _refuse_in_a_multi_worker_job("MirroredStrategy")
         adapter = get_adapter()
         resolved = _devices.resolve_devices(devices, adapter.visible_devices())
         cross_device_ops = _cross_device_ops.validate(cross_device_ops, resolved)
@@ -113,6 +154,7 @@ class CentralStorageStrategy(Strategy):
         compute_devices: Optional[Sequence[str]] = None,
         parameter_device: Optional[str] = None,
     ):
+        _refuse_in_a_multi_worker_job("CentralStorageStrategy")
         visible = get_adapter().visible_devices()
         compute = _devices.resolve_devices(compute_devices, visible)
         if parameter_device is None:
@@ -150,20 +192,6 @@ def _note_one_replica(device: str) -> None:
     if _noted_one_replica:
         return
     _noted_one_replica = True
-    from keras_dist.backends import backend_name
-
-    if backend_name() == "torch":  # a replica is a process there
-        _logger.warning(
-            "MirroredStrategy() found one device (%s), so it runs one replica. On the torch backend a replica is a "
-            "process: run several with `keras-dist launch -n N --backend torch script.py` and "
-            "keras_dist.MultiWorkerMirroredStrategy() in the script.",
-            device,
-        )
-        return
     _logger.warning(
-        "MirroredStrategy() found one device (%s), so it runs one replica. "
-        "To try several replicas on this host's CPU, call "
-        "keras_dist.simulate_cpu_devices(n) before the backend starts (right "
-        "after the imports, before any computation).",
-        device,
+        "MirroredStrategy() found one device (%s), so it runs one replica. %s", device, _devices.more_cpu_replicas_hint()
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from keras_dist._values import uneven_gather_message
+
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -116,9 +118,36 @@ def same_on_every_process(tensor) -> bool:
     return torch.equal(extremes[: tensor.numel()], -extremes[tensor.numel() :])
 
 
+#: The dtypes `all_gather_rows` tells apart in its shape exchange.
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+
+
+def _every_process_shape(tensor):
+    """Every process's (dtype code, rank, shape) of `tensor`, in rank order
+    (two all-gathers: the ranks, then the shapes padded to the largest)."""
+    n = world_size()
+    device = tensor.device
+    dtype_code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
+    head = torch.tensor([tensor.ndim, dtype_code], dtype=torch.int64, device=device)
+    heads = [torch.empty_like(head) for _ in range(n)]
+    dist.all_gather(heads, head)
+    longest = max(int(h[0]) for h in heads)
+    shape = torch.full((max(longest, 1),), -1, dtype=torch.int64, device=device)
+    shape[: tensor.ndim] = torch.tensor(tensor.shape, dtype=torch.int64)
+    shapes = [torch.empty_like(shape) for _ in range(n)]
+    dist.all_gather(shapes, shape)
+    return [(int(h[1]), tuple(int(d) for d in s[: int(h[0])])) for h, s in zip(heads, shapes)]
+
+
 def all_gather_rows(tensor, axis: int, differentiable: bool = False):
-    """Every process's `tensor` concatenated along `axis` in rank order; the
-    processes' sizes along `axis` may differ (padded to travel)."""
+    """Every process's `tensor` concatenated along `axis` in rank order.
+
+    The processes' sizes along `axis` may differ (padded to travel, the
+    padding cut off again); their dtypes, ranks and other sizes must agree,
+    or every process raises the same ValueError naming each one's shape
+    (checked before any value travels).
+    """
     tensor = torch.as_tensor(tensor)
     n = world_size()
     if n == 1:
@@ -126,11 +155,19 @@ def all_gather_rows(tensor, axis: int, differentiable: bool = False):
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
         axis = 0
-    axis = axis % tensor.ndim
-    size = torch.tensor([tensor.shape[axis]], dtype=torch.int64, device=tensor.device)
-    sizes = [torch.zeros_like(size) for _ in range(n)]
-    dist.all_gather(sizes, size)
-    sizes = [int(s.item()) for s in sizes]
+    shapes = _every_process_shape(tensor)
+    rank = tensor.ndim
+    same_rank = all(len(shape) == rank for _, shape in shapes)  # the same answer on every process
+    if same_rank and not -rank <= axis < rank:
+        raise ValueError(f"gather axis {axis} is out of range for values of rank {rank}.")
+    message = uneven_gather_message(axis, [
+        (f"process {i}", shape, _DTYPES[code] if code < len(_DTYPES) else "another dtype")
+        for i, (code, shape) in enumerate(shapes)
+    ])
+    if message is not None:
+        raise ValueError(message)
+    axis = axis % rank
+    sizes = [shape[axis] for _, shape in shapes]
     longest = max(sizes)
     if tensor.shape[axis] < longest:
         pad_shape = list(tensor.shape)

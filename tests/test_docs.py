@@ -185,3 +185,53 @@ def test_guide_python_blocks_run(guide, tensorflow, tmp_path):
     hidden = None if tensorflow else _hide("tensorflow", tmp_path / "hidden")
     result = _run([script], hidden=hidden)
     assert result.returncode == 0, f"{guide} failed ({script}):\n" + _report(result)
+
+
+#: Import name -> the distribution that provides it, for examples/' imports.
+_DISTRIBUTIONS = {"sklearn": "scikit-learn", "tensorflow": "tensorflow", "jax": "jax", "torch": "torch",
+                  "keras": "keras", "numpy": "numpy", "h5py": "h5py", "ray": "ray"}
+
+
+def test_the_extras_cover_the_examples_imports():
+    """Every example runs with the README's install line, `pip install
+    ".[BACKEND,examples]"`: each third-party module an example imports comes
+    from the dependencies, the `examples` extra, or a backend's extra (the
+    failure this catches: the documented torch example needed
+    scikit-learn, which `[torch]` did not install)."""
+    import ast
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    name = lambda requirement: re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower()  # noqa: E731
+    installed = {name(r) for r in project["dependencies"]} | {name(r) for r in project["optional-dependencies"]["examples"]}
+    backends = {name(r) for b in ("jax", "tensorflow", "torch") for r in project["optional-dependencies"][b]}
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r'pip install "\.\[(jax|tensorflow|torch),examples\]"', readme), "the README's install line"
+    for example in sorted((REPO / "examples").glob("*.py")):
+        modules = set()
+        for node in ast.walk(ast.parse(example.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                modules.add(node.module.split(".")[0])
+        third_party = {m for m in modules if m not in sys.stdlib_module_names and m != "keras_dist"}
+        for module in third_party:
+            assert module in _DISTRIBUTIONS, f"{example.name} imports {module}: add it to _DISTRIBUTIONS and the extras"
+            distribution = _DISTRIBUTIONS[module]
+            assert distribution in installed | backends, f"{example.name}: {distribution} is in no extra"
+
+
+@pytest.mark.starts_processes
+@pytest.mark.skipif(BACKEND == "torch", reason="torch: a replica is a process; the README's launcher line runs "
+                    "examples/multi_worker.py (tests/test_multi_worker.py::test_example_through_the_launcher)")
+def test_the_readme_snippet_runs_as_written(tmp_path):
+    """The README's python block, as a user pastes it into a file on a
+    CPU-only machine (only KERAS_BACKEND set, to this run's backend)."""
+    (line, code), = python_blocks((REPO / "README.md").read_text())
+    script = tmp_path / "readme.py"
+    script.write_text(code)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_DIST_")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=dict(env, KERAS_BACKEND=BACKEND))
+    assert done.returncode == 0, f"README.md line {line}:\n{done.stderr[-3000:]}"
+    assert "replicas: 4" in done.stdout and "Epoch 3/3" in done.stdout, done.stdout[-2000:]

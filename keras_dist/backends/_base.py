@@ -10,14 +10,15 @@ stub. `BackendAdapter` is the required concerns together.
 
 The core (strategies, scopes, distributed values, input, losses, hooks) asks
 the backend for nothing outside this class. Each backend subclasses it once
-(`backends/jax/_adapter.py`, `backends/tensorflow/_adapter.py`); the
+(`backends/jax/_adapter.py`, `backends/tensorflow/_adapter.py`,
+`backends/torch/_adapter.py`); the
 abstract methods make an incomplete adapter fail when it is instantiated,
 and `check_conforms` (run by `get_adapter` at load time, and by the
 conformance test) also compares every signature with the one declared here.
 
 An *engine* is the backend object behind one strategy (JAX: a
 `jax.sharding.Mesh` and a Keras distribution; TensorFlow: a `tf.distribute`
-strategy). The adapter creates it from the strategy's `StrategyExtended`
+strategy; PyTorch: this process's replica in a `torch.distributed` group). The adapter creates it from the strategy's `StrategyExtended`
 and receives it back in every call that needs it.
 
 Adding a backend: subclass this, give every method (a backend's adapter

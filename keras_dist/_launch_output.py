@@ -115,13 +115,31 @@ def forward(segment: bytes, prefix: bytes, stream_name: str, output: "Output", r
     """One line (or `\r` progress update) of a task's output to the console;
     `show` False (`--local-ranks-filter`): only kept for the failure report."""
     text = segment.replace(b"\b", b"")
+    stream = getattr(sys, stream_name)
+    terminal = _is_terminal(stream)
     if text.endswith(b"\n"):
         line = text.rstrip(b"\r\n")
         if GLOO_CONNECTED.match(line + b"\n") or ENGINE_NOTICE.match(line):
             return
         if recent is not None:
-            recent.append(line.decode("utf-8", errors="replace"))
+            recent.append(ANSI_ESCAPE.sub(b"", line).decode("utf-8", errors="replace"))
         if show:
-            output.write(getattr(sys, stream_name), prefix + line + b"\n")
-    elif show and text.rstrip(b"\r"):  # a progress update (an empty one only moves the cursor)
-        output.write(getattr(sys, stream_name), prefix + text)
+            if not terminal:  # a file or a pipe: the line as text, and only its last redraw
+                line = ANSI_ESCAPE.sub(b"", line.rsplit(b"\r", 1)[-1])
+            output.write(stream, prefix + line + b"\n")
+    elif show and terminal and text.rstrip(b"\r"):  # a progress update (an empty one only moves the cursor)
+        output.write(stream, prefix + text)
+
+
+#: Terminal escape sequences (Keras' progress bar colours its bar with them
+#: whether or not its output is a terminal): removed where the launcher's
+#: output is not one, with the bar's in-place redraws ("\r"), so a log file
+#: gets each finished line as plain text.
+ANSI_ESCAPE = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -329,23 +329,37 @@ def test_start_line_and_end_summary(tmp_path, worker):
 
 def test_the_progress_bar_streams_and_log_dir_keeps_each_worker_s_output(tmp_path, worker):
     """Keras redraws its bar with "\\r" and no newline until the end: the
-    launcher forwards each redraw as it comes, not the whole bar at the end."""
+    launcher forwards each redraw to a terminal as it comes (here a
+    pseudo-terminal), not the whole bar at the end; into a pipe, only the
+    finished line, as plain text."""
+    import pty
+
     logs = tmp_path / "logs"
+    controller, terminal = pty.openpty()
     process = subprocess.Popen(
         _launcher("-n", 1, "--log-dir", logs, worker, tmp_path, "progress"),
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT, env=_env(), stdout=terminal, stderr=subprocess.PIPE,
     )
+    os.close(terminal)
     arrivals = []  # (time, bytes so far)
     received = b""
     try:
-        for chunk in iter(lambda: os.read(process.stdout.fileno(), 65536), b""):
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the launcher closed the terminal
+                break
+            if not chunk:
+                break
             received += chunk
             arrivals.append((time.monotonic(), received))
         assert process.wait(timeout=60) == 0, process.stderr.read()
     finally:
+        os.close(controller)
         if process.poll() is None:
             process.kill()
             process.wait()
+    received = received.replace(b"\r\n", b"\n")  # the terminal's own line endings
     done_at = next(t for t, so_far in arrivals if b"DONE" in so_far)
     first_bar_at = next(t for t, so_far in arrivals if b"/6" in so_far)
     assert done_at - first_bar_at > 1.0, received  # 4 of 6 updates came before the end
@@ -354,6 +368,11 @@ def test_the_progress_bar_streams_and_log_dir_keeps_each_worker_s_output(tmp_pat
     assert b"[worker 0] DONE\n" in received
     log = (logs / "worker0.log").read_bytes()  # unprefixed, as the worker wrote it
     assert log.endswith(b"DONE\n") and b"\b" in log and b"[worker 0]" not in log, log
+    piped = subprocess.run(_launcher("-n", 1, worker, tmp_path, "progress"), cwd=ROOT, env=_env(),
+                           capture_output=True, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    assert b"\x1b" not in piped.stdout and b"\r" not in piped.stdout, piped.stdout
+    assert b"[worker 0] 6/6" in piped.stdout and b"[worker 0] DONE\n" in piped.stdout, piped.stdout
 
 
 def test_a_parameter_server_job_s_failing_script_is_called_the_chief(tmp_path):

@@ -50,12 +50,16 @@ def test_engine_notices_are_dropped_and_every_other_line_kept(capsysbinary, line
     assert recent == ([line.decode().rstrip("\n")] if shown else [])
 
 
-def test_a_progress_bar_is_forwarded_as_it_is_redrawn(capsysbinary):
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_progress_bar_is_forwarded_as_it_is_redrawn(capsysbinary, monkeypatch, terminal):
     """Keras redraws its bar with "\\b...\\r" and no newline until the epoch
     ends: each update reaches the console at once, prefixed; a "\\r" is held
     until the next byte says whether it starts a "\\r\\n" (here the bar's
     last update and the epoch's end, one line); a last line with no newline
-    gets one; a dropped line is still progress (the liveness guard)."""
+    gets one; a dropped line is still progress (the liveness guard). Where
+    the launcher's output is not a terminal (a log file, a pipe) only the
+    finished lines are written."""
+    monkeypatch.setattr(_launch_output, "_is_terminal", lambda stream: terminal)
     read, write = os.pipe()
     progress = _Progress()
     output = _launch_output.Output()
@@ -71,10 +75,22 @@ def test_a_progress_bar_is_forwarded_as_it_is_redrawn(capsysbinary):
             pipe.write(chunk)
     pump.join(timeout=10)
     assert not pump.is_alive()
-    assert capsysbinary.readouterr() == (
-        b"[worker 0] 1/3 [=>   ]\r[worker 0] 2/3 [==> ]\r[worker 0] 3/3 [====]\n[worker 0] done\n", b""
-    )
+    redraws = b"[worker 0] 1/3 [=>   ]\r[worker 0] 2/3 [==> ]\r" if terminal else b""
+    assert capsysbinary.readouterr() == (redraws + b"[worker 0] 3/3 [====]\n[worker 0] done\n", b"")
     assert progress.records and set(progress.records) == {0}
+
+
+def test_keras_colours_reach_only_a_terminal(capsysbinary, monkeypatch):
+    """Keras' progress bar colours its bar (ANSI escapes) whatever its
+    output is: a redirected launcher writes the line as plain text, the
+    last redraw only; the failure report keeps plain text too."""
+    line = b"\r2/2 \x1b[32m\xe2\x94\x81\xe2\x94\x81\x1b[0m\x1b[37m\x1b[0m \x1b[1m0s\x1b[0m 5ms/step - loss: 0.5\n"
+    for terminal, shown in ((False, b"2/2 \xe2\x94\x81\xe2\x94\x81 0s 5ms/step - loss: 0.5"), (True, line.rstrip(b"\n"))):
+        monkeypatch.setattr(_launch_output, "_is_terminal", lambda stream: terminal)
+        recent = []
+        _launch_output.forward(line, b"[worker 0] ", "stdout", _launch_output.Output(), recent)
+        assert capsysbinary.readouterr() == (b"[worker 0] " + shown + b"\n", b"")
+        assert recent == ["\r2/2 \u2501\u2501 0s 5ms/step - loss: 0.5"]
 
 
 def test_a_filtered_task_s_lines_are_kept_for_the_report_only(capsysbinary):

@@ -21,7 +21,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
 	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
 	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness install-torch test-torch test-keras-min-torch \
-	test-zoo-sample
+	test-zoo-sample docs
 
 comma := ,
 # $(call make-venv,DIR,EXTRAS): DIR holds `pip install -e ".[EXTRAS]"`, pinned.
@@ -182,6 +182,22 @@ QUICK_VENV := $(if $(filter tensorflow,$(QUICK_BACKEND)),$(VENV_TF),$(VENV_JAX))
 test-quick: $(QUICK_VENV)/.installed
 	$(TEST_STARTUP) KERAS_BACKEND=$(QUICK_BACKEND) KERAS_DIST_TEST_JAX_CACHE=$(CURDIR)/$(TEST_LOGS)/jax-cache-quick $(JAX_TEST_COMPILE) \
 	  $(QUICK_VENV)/bin/python -m pytest -q -rs --quick --durations=10 tests
+
+# The API reference (docs/): HTML from keras_dist's docstrings into
+# .docs-site/, by mkdocs + mkdocstrings in their own venv (.venv-docs,
+# requirements/docs.txt, no backend: they read the sources). `--strict`: a
+# warning (a docstring that does not parse, a broken link) fails the build.
+# docs/gen_api.py writes the pages' list of names (tests/test_docs.py checks
+# it is current); tests/test_docstring_examples.py runs the examples.
+DOCS_VENV := .venv-docs
+$(DOCS_VENV)/.installed: requirements/docs.txt
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q -r requirements/docs.txt
+	touch $@
+
+docs: $(DOCS_VENV)/.installed
+	cd docs && ../$(DOCS_VENV)/bin/mkdocs build --strict
+	@echo "API reference: .docs-site/index.html"
 
 # The cost of every test, from the durations files of the last `make test`
 # (runs it first if there are none).

@@ -164,6 +164,13 @@ class PeerWorkerError(RuntimeError):
     and resume with ``keras.callbacks.BackupAndRestore``::
 
         keras-dist launch -n 2 --max-restarts 3 train.py
+
+    ```python
+    try:
+        model.fit(x, y, batch_size=32, verbose=0)
+    except keras_dist.PeerWorkerError:  # a RuntimeError: another worker is gone
+        raise SystemExit(1)  # the launcher restarts the job; BackupAndRestore resumes it
+    ```
     """
 
 
@@ -173,6 +180,11 @@ class CommunicationImplementation(enum.Enum):
     AUTO lets the backend choose (JAX: gloo on CPU, NCCL on GPU; TF: its
     own choice); RING asks for ring all-reduce (gloo on JAX CPU); NCCL asks
     for NCCL and needs GPUs.
+
+    ```python
+    options = keras_dist.CommunicationOptions(implementation=keras_dist.CommunicationImplementation.RING)
+    options.implementation.value  # 'RING'
+    ```
     """
 
     AUTO = "AUTO"

@@ -15,7 +15,13 @@ from keras_dist._split import per_replica_batch_size
 
 class InputReplicationMode(enum.Enum):
     """How `distribute_datasets_from_function` builds input (tf names):
-    one pipeline per worker, or one per replica."""
+    one pipeline per worker, or one per replica.
+
+    ```python
+    options = keras_dist.InputOptions(experimental_replication_mode=keras_dist.InputReplicationMode.PER_WORKER)
+    options.experimental_replication_mode.value  # 'PER_WORKER'
+    ```
+    """
 
     PER_WORKER = "PER_WORKER"
     PER_REPLICA = "PER_REPLICA"
@@ -360,6 +366,14 @@ class DistributedIterator(metaclass=abc.ABCMeta):
     `get_next()` raises StopIteration at the end (tf raises its
     OutOfRangeError there); `get_next_as_optional()` returns an
     `OptionalValue` instead.
+
+    ```python
+    strategy = keras_dist.MirroredStrategy()
+    iterator = iter(strategy.experimental_distribute_dataset([(x[:10],), (x[10:20],)]))
+    (first,) = iterator.get_next()
+    rows = sum(int(part.shape[0]) for part in strategy.experimental_local_results(first))
+    assert rows == 10 or strategy.extended.num_workers > 1
+    ```
     """
 
     def __init__(self, elements: Iterator, element_spec: Callable[[], Any]):
@@ -395,6 +409,13 @@ class DistributedDataset(metaclass=abc.ABCMeta):
     Made by `strategy.experimental_distribute_dataset`: each global batch
     is split into contiguous per-replica shards whose sizes differ by at
     most one (see `keras_dist._split`).
+
+    ```python
+    strategy = keras_dist.MirroredStrategy()
+    dataset = strategy.experimental_distribute_dataset([(x[:64], y[:64]), (x[64:100], y[64:100])])
+    for x_part, y_part in dataset:
+        strategy.run(lambda a, b: keras.ops.sum(a), args=(x_part, y_part))
+    ```
     """
 
     def __init__(

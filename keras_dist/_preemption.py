@@ -187,7 +187,8 @@ class PreemptionCheckpointHandler:
     ```
     """
 
-    def __init__(self, cluster_resolver, checkpoint_or_checkpoint_manager, checkpoint_dir=None, termination_config=None):
+    def __init__(self, cluster_resolver: Any, checkpoint_or_checkpoint_manager: Any, checkpoint_dir: Optional[str] = None,
+                 termination_config: Optional[TerminationConfig] = None):
         config = TerminationConfig() if termination_config is None else termination_config
         config = _foreign.accept(config, "termination_config")
         if not isinstance(config, TerminationConfig):

@@ -12,6 +12,12 @@ class DistributedValues(abc.ABC):
     ``.values`` is the tuple of components, in replica order. Backends keep
     their own representation (a `tf.distribute` value on TensorFlow, one
     sharded `jax.Array` on JAX); both are instances of these classes.
+
+    ```python
+    value = keras_dist.PerReplica([1.0, 2.0])
+    isinstance(value, keras_dist.DistributedValues)  # True
+    value.values  # (1.0, 2.0)
+    ```
     """
 
     @property
@@ -39,7 +45,13 @@ class PerReplica(DistributedValues):
 
 
 class Mirrored(DistributedValues):
-    """A value that is the same on every replica (e.g. model weights)."""
+    """A value that is the same on every replica (e.g. model weights).
+
+    ```python
+    weights = keras_dist.Mirrored([0.5, 0.5])
+    weights.values  # (0.5, 0.5)
+    ```
+    """
 
     def __init__(self, values: Sequence[Any]):
         self._values = tuple(values)

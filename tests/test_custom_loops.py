@@ -904,3 +904,25 @@ def test_reduce_and_gather_of_a_value_never_distributed_and_of_one_equal_on_ever
         with strategy.scope():
             variable = keras.Variable(plain)
         np.testing.assert_allclose(np.asarray(strategy.reduce("SUM", variable.value, axis=None)), plain * n)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a tf.function given to run (TensorFlow)")
+def test_one_device_runs_an_xla_function_on_its_device():
+    """`OneDeviceStrategy("cpu:1").run` of a `tf.function(jit_compile=True)`
+    that writes a variable returns its value, as tf's own OneDeviceStrategy
+    does (XLA compiled the lifted step for the default device: "located in
+    device CPU:1 from device CPU:0"; 16 tf-keras ctl_correctness cases)."""
+    import tensorflow as tf
+
+    strategy = keras_dist.OneDeviceStrategy("cpu:1")
+    with strategy.scope():
+        counter = keras.Variable(1.0)
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        counter.assign_add(x)
+        return counter.value * 2.0
+
+    assert float(strategy.run(step, args=(tf.constant(1.0),))) == 4.0
+    assert float(strategy.run(step, args=(tf.constant(2.0),))) == 8.0
+    assert "CPU:1" in counter.value.device

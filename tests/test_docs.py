@@ -235,3 +235,12 @@ def test_the_readme_snippet_runs_as_written(tmp_path):
                           env=dict(env, KERAS_BACKEND=BACKEND))
     assert done.returncode == 0, f"README.md line {line}:\n{done.stderr[-3000:]}"
     assert "replicas: 4" in done.stdout and "Epoch 3/3" in done.stdout, done.stdout[-2000:]
+
+
+@pytest.mark.starts_processes
+def test_the_api_reference_lists_every_public_name():
+    """docs/pages/api (what `make docs` renders) is what docs/gen_api.py
+    writes from the package's `__all__`: a name added or removed is listed."""
+    done = subprocess.run([sys.executable, str(REPO / "docs" / "gen_api.py"), "--check"], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, KERAS_BACKEND=BACKEND))
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]

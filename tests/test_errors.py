@@ -128,17 +128,51 @@ def test_used_optimizer_created_outside_the_scope(mirrored, data, make, reason):
 
 
 @pytest.mark.parametrize("devices", [["cpu:1"], ["cpu:0", "cpu:1"]], ids=["one-replica", "two-replicas"])
-def test_metric_created_outside_the_scope(devices):
-    """Refused by compile, in tf.keras 2's words too (which ported tests
-    match), one replica or several. (JAX judges a variable by where it
-    lives: one replica is on cpu:1, where a metric made outside is not.)"""
-    auc = keras.metrics.AUC()
+def test_metric_created_outside_the_scope_is_adopted(devices):
+    """A metric made outside the scope and given to compile is adopted, as
+    an unused optimizer is (plain Keras 3 with tf.distribute takes it): the
+    same object, its variables the strategy's, its totals kept, and it
+    reports what a metric made in the scope reports."""
+    x, y = make_data(24)
+    y = (y > 0).astype("float32")
+    auc = keras.metrics.AUC(name="auc")
+    auc.update_state([0.0, 1.0], [0.2, 0.9])  # a used metric: its totals are carried over
+    totals = [keras.ops.convert_to_numpy(v).copy() for v in auc.variables]
     strategy = keras_dist.MirroredStrategy(devices)
+    results = []
+    for metric in (auc, None):
+        with strategy.scope():
+            model = mlp()
+            made_inside = keras.metrics.AUC(name="auc") if metric is None else None
+        model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy", metric or made_inside])
+        if metric is not None:
+            assert all(strategy.extended.variable_created_in_scope(v) for v in auc.variables)
+            for value, total in zip(auc.variables, totals):
+                np.testing.assert_array_equal(keras.ops.convert_to_numpy(value), total)
+        results.append(model.evaluate(x, y, batch_size=5, verbose=0, return_dict=True))
+    assert results[0] == pytest.approx(results[1], abs=1e-6)
+    assert model.compiled
+
+
+class _Threshold(keras.metrics.Mean):
+    """A metric whose get_config leaves out a constructor argument."""
+
+    def __init__(self, threshold=0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.threshold = threshold
+
+
+def test_a_metric_made_outside_that_cannot_be_remade_is_refused(mirrored):
+    """Refused by compile, in tf.keras 2's words too (which ported tests
+    match), when a copy made from its config would differ; nothing changed."""
+    metric = _Threshold(threshold=0.9)
+    strategy = mirrored(2)
     with strategy.scope():
         model = mlp()
-    with pytest.raises(ValueError, match=r"Metric variable .* outside.*All metrics must be created in the same distribution strategy scope"):
-        model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=["accuracy", auc])
+    with pytest.raises(ValueError, match=r"Metric variable .* outside.*'threshold'.*All metrics must be created in the same distribution strategy scope"):
+        model.compile(optimizer="sgd", loss="binary_crossentropy", metrics=[metric])
     assert not getattr(model, "compiled", False)
+    assert metric.threshold == 0.9 and not strategy.extended.variable_created_in_scope(metric.variables[0])
 
 
 def test_model_trained_under_another_strategys_scope(mirrored, data):

@@ -657,6 +657,10 @@ def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, r
     if BACKEND == "jax":
         request.getfixturevalue("per_replica_step")
     probe = PROBES[target]
+    if target in _ONEDNN_CONVOLUTIONS and not _onednn_gives_an_empty_batch_its_input_channels():
+        pytest.skip("TensorFlow's oneDNN kernels are off on this CPU (on by default only where it has AVX-512), so "
+                    "the convolution this hook fixes is not in use here: "
+                    "test_empty_replica_convolution_hooks_are_live_under_onednn probes it with oneDNN on")
     extra = (monkeypatch,) if probe in (_probe_save, _probe_save_weights, _probe_values_from_chief, _probe_assign_on_ps) else ()
     live = _outcome(probe, mirrored, tmp_path / "live", *extra)
     owner, name = _hooks.resolve(target)
@@ -665,6 +669,64 @@ def test_every_hook_changes_behaviour(target, mirrored, monkeypatch, tmp_path, r
     _context.reset()  # a reverted entry hook may leave a scope behind
     assert live[0] == "ok", live
     assert not _same(live, reverted), (target, live, reverted)
+
+
+#: The hooks on TensorFlow's convolutions (a replica with 0 rows): tf's
+#: oneDNN kernel gives an empty batch the input's channels.
+_ONEDNN_CONVOLUTIONS = tuple(f"keras.src.backend.tensorflow.nn:{name}" for name in ("conv", "depthwise_conv", "separable_conv"))
+
+
+def _onednn_gives_an_empty_batch_its_input_channels() -> bool:
+    """Whether this process's TensorFlow convolution has the bug those hooks
+    fix (oneDNN on: TF_ENABLE_ONEDNN_OPTS=1, TensorFlow's default on CPUs
+    with AVX-512)."""
+    import tensorflow as tf
+
+    return tf.nn.conv2d(tf.zeros((0, 5, 5, 2)), tf.ones((3, 3, 2, 4)), 1, "VALID").shape[-1] != 4
+
+
+_ONEDNN_PROBE = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import keras, keras_dist
+keras_dist.simulate_cpu_devices(4)
+import numpy as np
+from keras_dist import _hooks
+import test_hooks
+
+def mirrored(n):
+    return keras_dist.MirroredStrategy([f"cpu:{{i}}" for i in range(n)])
+
+out = {{"bug": test_hooks._onednn_gives_an_empty_batch_its_input_channels()}}
+for target in test_hooks._ONEDNN_CONVOLUTIONS:
+    probe = test_hooks.PROBES[target]
+    live = test_hooks._outcome(probe, mirrored, None)
+    owner, name = _hooks.resolve(target)
+    hooked = getattr(owner, name)
+    setattr(owner, name, _hooks.ORIGINALS[target])
+    reverted = test_hooks._outcome(probe, mirrored, None)
+    setattr(owner, name, hooked)
+    out[target] = [live[0], reverted[0], reverted[1] if reverted[0] == "raised" else None,
+                   bool(test_hooks._same(live, reverted))]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.starts_processes
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's convolutions")
+def test_empty_replica_convolution_hooks_are_live_under_onednn(tmp_path):
+    """With TensorFlow's oneDNN kernels on (its default on CPUs with
+    AVX-512, off on others), `predict` of 3 rows on 4 replicas through each
+    convolution works with the hook and fails with it reverted."""
+    script = tmp_path / "onednn_probe.py"
+    script.write_text(_ONEDNN_PROBE.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", KERAS_BACKEND="tensorflow"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result.pop("bug") is True  # oneDNN's kernel is in use
+    for target, (live, reverted, error, same) in result.items():
+        assert live == "ok" and not same, (target, live, reverted, error)
 
 
 def test_compile_from_config_still_compiles(tmp_path, recwarn):

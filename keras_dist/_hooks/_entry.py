@@ -103,12 +103,15 @@ def wrap_compile(original):
         adopt = None
         if isinstance(optimizer, keras.optimizers.Optimizer):  # made outside the scope: adopted if unused
             adopt = _optimizers.prepare_adoption(strategy, optimizer)
-        for argument in ("metrics", "weighted_metrics"):
+        adopters = [adopt] if adopt is not None else []
+        for argument in ("metrics", "weighted_metrics"):  # made outside the scope: adopted (Keras 3 + tf takes them)
             for metric in keras.tree.flatten(bound.get(argument)):
                 if isinstance(metric, keras.metrics.Metric):
-                    _check_variables(strategy, metric.variables, "Metric")
+                    adopt_metric = _optimizers.prepare_metric_adoption(strategy, metric)
+                    if adopt_metric is not None:
+                        adopters.append(adopt_metric)
         with strategy.scope():
-            if adopt is not None:  # every check passed: nothing changed before this
+            for adopt in adopters:  # every check passed: nothing changed before this
                 adopt()
             return original(self, *args, **kwargs)
 

@@ -72,14 +72,21 @@ def _remade_under(strategy, optimizer) -> tuple[Any, Optional[str]]:
     learning_rate = optimizer._learning_rate
     if not isinstance(learning_rate, keras.Variable):  # a schedule or callable: the same object
         config["learning_rate"] = learning_rate
+    return _remade_from_config(strategy, optimizer, config)
+
+
+def _remade_from_config(strategy, original, config) -> tuple[Any, Optional[str]]:
+    """(An object of `original`'s class made from `config` in `strategy`'s
+    scope, None), or (None, why it does not reproduce `original`)."""
     try:
         with strategy.scope():
-            fresh = type(optimizer).from_config(config)
+            fresh = type(original).from_config(config)
     except Exception as error:  # noqa: BLE001 - why it cannot be adopted
         return None, (
-            f"{type(optimizer).__name__}.from_config(optimizer.get_config()) fails "
+            f"{type(original).__name__}.from_config({type(original).__name__.lower()}.get_config()) fails "
             f"({type(error).__name__}: {error})"
         )
+    optimizer = original
     ours, theirs = optimizer.variables, fresh.variables
     if [_signature(v) for v in ours] != [_signature(v) for v in theirs]:
         return None, (
@@ -96,6 +103,28 @@ def _remade_under(strategy, optimizer) -> tuple[Any, Optional[str]]:
                 "give its class a complete get_config()"
             )
     return fresh, None
+
+
+def prepare_metric_adoption(strategy, metric) -> Optional[Callable[[], None]]:
+    """As `prepare_adoption`, for a metric given to `compile` that was made
+    outside the scope (plain Keras 3 with tf.distribute takes it): a metric
+    of its class and config is made under the strategy and the user's
+    object takes its state, its variables' values carried over (a metric's
+    state is its totals, which a copy keeps). None when every variable is
+    the strategy's already; ValueError, nothing changed, when it cannot be
+    re-made from its config (the message names why and the fix)."""
+    outside = [v for v in metric.variables if not strategy.extended.variable_created_in_scope(v)]
+    if not outside:
+        return None
+    fresh, reason = _remade_from_config(strategy, metric, metric.get_config())
+    if reason is not None:
+        raise ValueError(
+            f"Metric variable {outside[0].path!r} was created outside the scope of {strategy!r}, and the metric "
+            f"cannot be adopted by it: {reason}. All metrics must be created in the same distribution strategy "
+            "scope as the model: create it inside `with strategy.scope():`, or give compile its name "
+            "(e.g. metrics=['accuracy'])."
+        )
+    return lambda: _take_state(metric, fresh)
 
 
 def _signature(variable) -> tuple:

@@ -42,6 +42,12 @@ class StrategyExtended:
     `cross_device_ops`, `communication_options`), and the job's shape
     (`num_workers`, `worker_index`). `engine_kind` is the one fact about the
     strategy an adapter reads to choose the engine.
+
+    ```python
+    extended = keras_dist.MirroredStrategy().extended
+    extended.num_workers, extended.worker_index  # (1, 0)
+    extended.should_checkpoint  # True
+    ```
     """
 
     #: The kind of engine this strategy needs (each subclass names its own).

@@ -95,7 +95,14 @@ def get_strategy() -> Strategy:
 
 
 def has_strategy() -> bool:
-    """True inside the scope of a (non-default) strategy."""
+    """True inside the scope of a (non-default) strategy.
+
+    ```python
+    keras_dist.has_strategy()  # False
+    with keras_dist.MirroredStrategy().scope():
+        assert keras_dist.has_strategy()
+    ```
+    """
     return _context.current_strategy() is not None
 
 
@@ -104,6 +111,14 @@ def get_replica_context() -> Optional[ReplicaContext]:
 
     The default context (replica 0 of 1) outside any scope; ``None`` in
     cross-replica context (inside a scope, outside `run`).
+
+    ```python
+    keras_dist.get_replica_context().replica_id_in_sync_group  # 0
+    strategy = keras_dist.MirroredStrategy()
+    with strategy.scope():
+        assert keras_dist.get_replica_context() is None  # cross-replica context
+        ids = strategy.run(lambda: keras_dist.get_replica_context().replica_id_in_sync_group)
+    ```
     """
     context = _context.replica_context()
     if context is not None:
@@ -114,7 +129,16 @@ def get_replica_context() -> Optional[ReplicaContext]:
 
 
 def in_cross_replica_context() -> bool:
-    """True inside a strategy's scope but outside replica computation."""
+    """True inside a strategy's scope but outside replica computation.
+
+    ```python
+    strategy = keras_dist.MirroredStrategy()
+    with strategy.scope():
+        assert keras_dist.in_cross_replica_context()
+        inside = strategy.run(lambda: keras_dist.in_cross_replica_context())
+    keras_dist.in_cross_replica_context()  # False
+    ```
+    """
     return (
         _context.current_strategy() is not None
         and _context.replica_context() is None

@@ -29,8 +29,9 @@ Changes, all of them:
 The whole file runs in `make test-zoo` (marker `zoo`; 128 cases, about 2
 CPU-min): tests/test_custom_loops.py keeps in `make test` what it found
 (below). The combinations with `jit_compile=True` (upstream's third group,
-meant for GPUs, where tf runs the step per replica) are a strict xfail
-here: on CPU devices tf.distribute runs a `tf.function` given to `run`
+meant for GPUs, where tf runs the step per replica) pass under
+OneDeviceStrategy (which calls the step on its device, as tf's does) and are
+a strict xfail under MirroredStrategy: on CPU devices tf.distribute runs a `tf.function` given to `run`
 inside one clone of it, which XLA compiles for the default device, and the
 variables on another fail ("Trying to access resource ... located in
 device CPU:1 from device CPU:0"); plain tf.distribute fails the same way
@@ -325,16 +326,22 @@ def test_dnn_correctness_minus_tpus(distribution, optimizer_fn, iteration_type, 
     dnn_correctness(distribution, optimizer_fn, iteration_type, inside_func, sync_batchnorm, jit_compile=False)
 
 
-@pytest.mark.xfail(
+_XLA_ON_CPU_DEVICES = pytest.mark.xfail(
     strict=True,
     raises=tf.errors.InvalidArgumentError,
-    reason="XLA on CPU devices: tf.distribute compiles the lifted step for the default device (plain tf.distribute too)",
+    reason="tf.distribute limit: XLA on CPU devices; MirroredStrategy compiles the lifted step for the default "
+    "device (plain tf.distribute too)",
 )
+
+
 @pytest.mark.parametrize("sync_batchnorm", [True, False])
 @pytest.mark.parametrize("inside_func", [False, True])
 @pytest.mark.parametrize("iteration_type", ["iterator", "dataset"])
 @pytest.mark.parametrize("optimizer_fn", list(optimizers_v2))
-@pytest.mark.parametrize("distribution", ["one_device_strategy_gpu", "mirrored_strategy_with_two_gpus"])
+@pytest.mark.parametrize("distribution", [
+    "one_device_strategy_gpu",  # as tf's OneDeviceStrategy: the step compiled on its device (these 16 were xfails)
+    pytest.param("mirrored_strategy_with_two_gpus", marks=_XLA_ON_CPU_DEVICES),
+])
 def test_dnn_correctness_minus_tpus_jit_compile(distribution, optimizer_fn, iteration_type, inside_func, sync_batchnorm):
     tf.config.experimental.disable_mlir_bridge()
     try:
@@ -350,7 +357,29 @@ def test_dnn_correctness_minus_tpus_jit_compile(distribution, optimizer_fn, iter
 
 
 def test_plain_tf_distribute_fails_the_same_with_xla_on_cpus():
-    """The jit_compile xfails' reason, with tf.distribute itself."""
+    """The jit_compile xfails' reason, with tf.distribute itself: its
+    MirroredStrategy fails; its OneDeviceStrategy (which calls the
+    tf.function on its device) returns the value, and keras_dist's does too."""
+    one_device = tf.distribute.OneDeviceStrategy("/cpu:1")
+    with one_device.scope():
+        on_one = tf.Variable(1.0)
+
+    @tf.function(jit_compile=True)
+    def step_one(x):
+        on_one.assign_add(x)
+        return on_one * 2.0
+
+    assert float(one_device.run(step_one, args=(tf.constant(1.0),))) == 4.0
+    ours = keras_dist.OneDeviceStrategy("cpu:1")
+    with ours.scope():
+        counter = keras.Variable(1.0)
+
+    @tf.function(jit_compile=True)
+    def step_ours(x):
+        counter.assign_add(x)
+        return counter.value * 2.0
+
+    assert float(ours.run(step_ours, args=(tf.constant(1.0),))) == 4.0
     strategy = tf.distribute.MirroredStrategy(["/cpu:1"])
     with strategy.scope():
         variable = tf.Variable(1.0)

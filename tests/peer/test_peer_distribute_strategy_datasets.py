@@ -48,7 +48,7 @@ from test_peer_distribute_strategy_numpy import (
     get_sample_weights_model,
     multi_input_output_model,
     make_distribution,
-    metric_made_outside_the_scope,
+    float_steps_refused,
     simple_multi_inputs_multi_outputs_model,
     tpu_strategy_combinations_graph_only,
 )
@@ -533,7 +533,7 @@ def testOptimizerWithCallbacks(distribution):
 
 @_parametrize(tpu_strategy_combinations_graph_only)
 @pytest.mark.parametrize("batch_size", [4, 6])
-@metric_made_outside_the_scope
+@float_steps_refused
 def test_evaluate_with_dataset_with_partial_batch(distribution, batch_size):
     optimizer = keras.optimizers.SGD(0.001)
     loss = "mse"

@@ -125,7 +125,13 @@ class _ReplicaOps(ReplicaOps):
 
 def run(strategy, engine, fn, args, kwargs):
     if isinstance(fn, tf.types.experimental.PolymorphicFunction) and hasattr(fn, "_clone"):
-        return _lifted(strategy, engine, fn)(*args, **kwargs)
+        lifted = _lifted(strategy, engine, fn)
+        if isinstance(engine, tf.distribute.OneDeviceStrategy):
+            # as tf's OneDeviceStrategy calls a tf.function: on its device, so
+            # that an XLA-compiled one is compiled there, where its variables are
+            with tf.device(engine.extended.worker_devices[0]):
+                return lifted(*args, **kwargs)
+        return lifted(*args, **kwargs)
     return _run_python(strategy, engine, fn, args, kwargs)
 
 

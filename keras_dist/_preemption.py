@@ -374,7 +374,10 @@ class PreemptionCheckpointHandler:
                 self._save_fn(*args, **kwargs)
                 where = "by save_fn"
             else:
-                written = self._store.save(self._runs, private, args, kwargs)
+                from keras_dist._hooks._files import writing_own_path
+
+                with writing_own_path():  # a non-chief's private directory: written as given
+                    written = self._store.save(self._runs, private, args, kwargs)
                 if self._is_chief:
                     where = str(written)
         except Exception as raised:  # noqa: BLE001 - every worker must hear of it

@@ -244,3 +244,12 @@ def test_the_api_reference_lists_every_public_name():
     done = subprocess.run([sys.executable, str(REPO / "docs" / "gen_api.py"), "--check"], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, KERAS_BACKEND=BACKEND))
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
+def test_changelog_lines_are_short():
+    """CHANGELOG.md (Keep a Changelog style): one short entry per change;
+    the details live in the guides, the tests and the commit messages."""
+    entries = [line for line in (REPO / "CHANGELOG.md").read_text().splitlines() if line.startswith("- ")]
+    assert entries
+    long = [entry[:80] for entry in entries if len(entry.split()) > 85]
+    assert not long, long

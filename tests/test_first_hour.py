@@ -81,8 +81,12 @@ def test_other_rows_or_epochs_on_one_worker_fail_before_any_step(first_hour_job)
 @pytest.mark.starts_processes
 def test_a_different_model_on_one_worker_is_one_error_on_every_worker(first_hour_job):
     for report in first_hour_job[1]:
-        if BACKEND == "tensorflow":  # tf's own variable broadcast checks shapes (its error, on every worker)
-            _raised(report["architecture"], "InvalidArgumentError", "Shape mismatch")
+        if BACKEND == "tensorflow":  # tf's own variable broadcast checks shapes: its error, on every worker
+            # (InvalidArgumentError "Shape mismatch", or, where a peer aborted the collective first,
+            # UnavailableError naming it)
+            assert report["architecture"][0] == "raised", report["architecture"]
+            assert report["architecture"][1] in ("InvalidArgumentError", "UnavailableError"), report["architecture"]
+            assert "Collective" in report["architecture"][2] or "collective" in report["architecture"][2]
         else:
             _raised(report["architecture"], "ValueError", "The workers built different models")
             assert "(5, 8) float32" in report["architecture"][2] and "(5, 6) float32" in report["architecture"][2]

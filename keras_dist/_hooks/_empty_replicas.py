@@ -87,11 +87,20 @@ def wrap_convolution(original):
 
         if empty:
             return on_one_zero_row()
-        outputs = original(inputs, *args, **kwargs)
-        shape = tuple(outputs.shape)[1:]
-        has_rows = ops.shape(inputs)[0] > 0
-        if all(dim is not None for dim in shape):
-            return ops.cond(has_rows, lambda: outputs, lambda: ops.zeros((0,) + shape, outputs.dtype))
-        return ops.cond(has_rows, lambda: outputs, on_one_zero_row)
+        # The batch's size is known only when the step runs: the convolution
+        # always runs on at least one row (a zero row added where the batch
+        # is empty, its output cut off again), forward and backward. On an
+        # empty batch tf's own kernels gave the output the input's channels
+        # (oneDNN) and, for DepthwiseConv2dNativeBackpropFilter on CPUs
+        # without oneDNN, a kernel gradient of uninitialised memory (1e33 in
+        # the weights). (Not tf.pad, which oneDNN fuses into its convolution,
+        # nor a tf.cond around it, which failed under oneDNN.)
+        rest = tuple(inputs.shape)[1:]
+        if any(dim is None for dim in rest):  # the zero row's shape is unknown: the replica's output only
+            outputs = original(inputs, *args, **kwargs)
+            return ops.cond(ops.shape(inputs)[0] > 0, lambda: outputs, on_one_zero_row)
+        rows = ops.shape(inputs)[0]
+        zero_rows = ops.zeros((1 - ops.minimum(rows, 1),) + rest, inputs.dtype)
+        return original(ops.concatenate([inputs, zero_rows], axis=0), *args, **kwargs)[:rows]
 
     return convolution

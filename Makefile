@@ -19,7 +19,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 3
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
 	test-keras-min-tensorflow test-stress test-faults test-zoo test-bench bench clean \
-	test-zoo-jax test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
+	test-zoo-jax test-zoo-jax-dnn test-zoo-tensorflow test-zoo-tensorflow-application test-zoo-jax-tutorials \
 	test-zoo-tensorflow-tutorials test-zoo-tensorflow-ctl test-zoo-tensorflow-correctness install-torch test-torch test-keras-min-torch \
 	test-zoo-sample docs
 
@@ -345,7 +345,12 @@ ZOO_FILES := tests/test_optimizer_zoo.py tests/peer/test_peer_keras_save_load.py
 #: with ZOO_FILES it was the last part to end, by 2 min, alone on a core.
 ZOO_CORRECTNESS_FILES := tests/peer/test_peer_keras_embedding_correctness.py \
 	tests/peer/test_peer_keras_image_correctness.py tests/peer/test_peer_keras_rnn_correctness.py \
-	tests/peer/test_peer_keras_dnn_correctness_models.py tests/test_zoo_hub.py
+	$(ZOO_DNN_MODELS) tests/test_zoo_hub.py
+#: On JAX this file runs apart, compiled at XLA's defaults (test-zoo-jax-dnn):
+#: at -O0, on an AMD EPYC CPU, 3 of its functional cases missed tf's 4e-5
+#: (4.9e-5), the distributed run 1e-4 from a float64 run where one float32
+#: device stays within 2e-6; at -O2 they pass (tests/peer/README.md).
+ZOO_DNN_MODELS := tests/peer/test_peer_keras_dnn_correctness_models.py
 #: keras-hub (requirements/zoo.txt says why it is an overlay), for the
 #: zoo's runs only.
 ZOO_DIR := .venv-zoo
@@ -355,7 +360,7 @@ $(ZOO_STAMP): $(STAMP) requirements/zoo.txt
 	$(PY) -m pip install -q --no-deps --target $(ZOO_DIR) -r requirements/zoo.txt
 	touch $@
 ZOO_TESTS = $(call DURATIONS_FILE,zoo-$(1)) PYTHONPATH=$(CURDIR)/$(ZOO_DIR) KERAS_BACKEND=$(2) $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-zoo-$(1) -m zoo --zoo-sample=rest $(3)
-ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax \
+ZOO_PARTS := test-zoo-tensorflow-application test-zoo-tensorflow test-zoo-tensorflow-ctl test-zoo-jax test-zoo-jax-dnn \
 	test-zoo-tensorflow-correctness \
 	test-zoo-tensorflow-tutorials test-zoo-jax-tutorials
 
@@ -379,7 +384,11 @@ test-zoo: install $(ZOO_STAMP)
 	@$(PYTHON) tests/run_parts.py --jobs 4 --logs $(TEST_LOGS) $(ZOO_PARTS)
 
 test-zoo-jax: install $(ZOO_STAMP)
-	$(call JAX_TEST_CACHE,zoo-jax) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES) $(ZOO_CORRECTNESS_FILES))
+	$(call JAX_TEST_CACHE,zoo-jax) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax,jax,tests/test_zoo.py $(ZOO_FILES) \
+	  $(filter-out $(ZOO_DNN_MODELS),$(ZOO_CORRECTNESS_FILES)))
+
+test-zoo-jax-dnn: install $(ZOO_STAMP)
+	$(call JAX_TEST_CACHE,zoo-jax-dnn) $(call ZOO_TESTS,jax-dnn,jax,$(ZOO_DNN_MODELS))
 
 test-zoo-jax-tutorials: install $(ZOO_STAMP)
 	$(call JAX_TEST_CACHE,zoo-jax-tutorials,zoo-processes) $(JAX_TEST_COMPILE) $(call ZOO_TESTS,jax-tutorials,jax,tests/test_tutorials.py)

@@ -166,13 +166,15 @@ class SubclassedModel(keras.Model):
 
 #: Every case of the subclassed variant, the default strategy's (plain Keras) included.
 _subclass_built_without_weights = pytest.mark.xfail(
-    strict=True,
+    strict=False,
     raises=AssertionError,
     reason=(
         "Keras 3 difference: `self.build(input_shapes)` of a subclassed model without a `build()` method marks it "
         "built and makes no weights (Keras warns), so `get_weights()` is empty and the two models start from their "
         "own random weights; the default strategy's case (plain Keras) fails the same "
-        "(test_plain_keras_builds_the_subclassed_model_without_weights)"
+        "(test_plain_keras_builds_the_subclassed_model_without_weights, which asserts the difference itself). Not "
+        "strict: two models from independent random weights sometimes train to within tf's tolerance by chance "
+        "(one case did at XLA's -O2 on an AMD EPYC CPU)"
     ),
 )
 

@@ -231,3 +231,21 @@ def in_replica(context: Optional[ReplicaContext]) -> Iterator[None]:
         yield
     finally:
         _local.replica_context = previous
+
+
+@contextlib.contextmanager
+def writing_own_path() -> Iterator[None]:
+    """`Model.save`/`save_weights` write at the path given, on a non-chief
+    worker too (the `_hooks._files` hook asks `writing_own_path_now()`): for
+    keras_dist's own writes to a worker's private directory (the preemption
+    handler's checkpoints), never a path the job shares."""
+    previous = getattr(_local, "own_path", False)
+    _local.own_path = True
+    try:
+        yield
+    finally:
+        _local.own_path = previous
+
+
+def writing_own_path_now() -> bool:
+    return getattr(_local, "own_path", False)

@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from keras_dist import _foreign
+from keras_dist import _context, _foreign
 from keras_dist._checkpoint_stores import store_for
 
 __all__ = ["PreemptionCheckpointHandler", "RESTART_EXIT_CODE", "TerminationConfig"]
@@ -374,9 +374,7 @@ class PreemptionCheckpointHandler:
                 self._save_fn(*args, **kwargs)
                 where = "by save_fn"
             else:
-                from keras_dist._hooks._files import writing_own_path
-
-                with writing_own_path():  # a non-chief's private directory: written as given
+                with _context.writing_own_path():  # a non-chief's private directory: written as given
                     written = self._store.save(self._runs, private, args, kwargs)
                 if self._is_chief:
                     where = str(written)

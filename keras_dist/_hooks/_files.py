@@ -6,18 +6,17 @@ one rename, so a killed process leaves the previous backup or the new one.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import glob
 import json
 import os
 import shutil
 import tempfile
-import threading
 from typing import Optional
 
 import keras
 
+from keras_dist import _context
 from keras_dist._context import model_strategy
 
 
@@ -228,24 +227,6 @@ def _write_atomically(original, model, kind, filepath, args, kwargs):
     return result
 
 
-#: Inside `writing_own_path()` (this thread): `save`/`save_weights` write
-#: where they are told, on every worker (keras_dist's own private writes).
-_own_path = threading.local()
-
-
-@contextlib.contextmanager
-def writing_own_path():
-    """`Model.save`/`save_weights` write at the path given, on a non-chief
-    worker too: for keras_dist's own writes to a worker's private directory
-    (the preemption handler's checkpoints), never a path the job shares."""
-    previous = getattr(_own_path, "active", False)
-    _own_path.active = True
-    try:
-        yield
-    finally:
-        _own_path.active = previous
-
-
 def wrap_chief_only_write(kind: str):
     """`Model.save` / `Model.save_weights` under a strategy: a non-chief
     worker does the same work into a private temporary directory (every
@@ -259,7 +240,7 @@ def wrap_chief_only_write(kind: str):
                 return original(self, filepath, *args, **kwargs)
             if strategy.extended.should_checkpoint:
                 return _write_atomically(original, self, kind, filepath, args, kwargs)
-            if not isinstance(filepath, (str, os.PathLike)) or getattr(_own_path, "active", False):
+            if not isinstance(filepath, (str, os.PathLike)) or _context.writing_own_path_now():
                 return original(self, filepath, *args, **kwargs)  # a file object, or a path: this process's own
             private = tempfile.mkdtemp(prefix=_worker_tag(strategy))
             try:  # same work as the chief, nothing left at the user's path

@@ -279,6 +279,8 @@ for mode, steps in JOBS:
             except Exception as error:  # noqa: BLE001 - reported
                 errors[name] = f"{type(error).__name__}: {error}"
         report["errors"] = errors
+        # compile adopted the metric made outside the scope, as it adopts an unused optimizer
+        report["metric_adopted"] = all(strategy.extended.variable_created_in_scope(v) for v in outside_metric.variables)
         report["unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
         report["iterations"] = int(model.optimizer.iterations.numpy())
         report["built_optimizer"] = model.optimizer.built

@@ -103,25 +103,22 @@ def _entry_probe(name):
     return probe
 
 
-def _probe_save(mirrored, tmp_path, monkeypatch):
-    """A non-chief worker's `save` leaves nothing at the user's path."""
-    strategy = mirrored(2)
-    with strategy.scope():
-        model = compile_model(mlp(), "sgd")
-    monkeypatch.setattr(type(strategy.extended), "should_checkpoint", property(lambda self: False))
-    model.save(tmp_path / "model.keras")
-    return (tmp_path / "model.keras").exists()
+def _non_chief_write_probe(kind, filename):
+    def probe(mirrored, tmp_path, monkeypatch):
+        """A non-chief worker's `save` / `save_weights` leaves nothing at the
+        user's path (every worker calls it; two writing one file tore it)."""
+        strategy = mirrored(2)
+        with strategy.scope():
+            model = compile_model(mlp(), "sgd")
+        monkeypatch.setattr(type(strategy.extended), "should_checkpoint", property(lambda self: False))
+        getattr(model, kind)(tmp_path / filename)
+        return (tmp_path / filename).exists()
+
+    return probe
 
 
-def _probe_save_weights(mirrored, tmp_path, monkeypatch):
-    """A non-chief worker's `save_weights` leaves nothing at the user's path
-    (every worker calls it; two writing one file tore it)."""
-    strategy = mirrored(2)
-    with strategy.scope():
-        model = compile_model(mlp(), "sgd")
-    monkeypatch.setattr(type(strategy.extended), "should_checkpoint", property(lambda self: False))
-    model.save_weights(tmp_path / "model.weights.h5")
-    return (tmp_path / "model.weights.h5").exists()
+_probe_save = _non_chief_write_probe("save", "model.keras")
+_probe_save_weights = _non_chief_write_probe("save_weights", "model.weights.h5")
 
 
 def _fit_with_backup(mirrored, tmp_path, epochs=1):

@@ -123,17 +123,28 @@ _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 
 
+#: Dimensions `_every_process_shape` sends in its one all-gather; a
+#: higher rank on any process takes a second one.
+_SHAPE_SLOTS = 8
+
+
 def _every_process_shape(tensor):
-    """Every process's (dtype code, rank, shape) of `tensor`, in rank order
-    (two all-gathers: the ranks, then the shapes padded to the largest)."""
+    """Every process's (dtype code, shape) of `tensor`, in rank order: one
+    all-gather of (rank, dtype code, the first _SHAPE_SLOTS sizes), the
+    only collective `predict`'s per-step gather adds for this check; a
+    second, of the whole shapes, where some rank is higher."""
     n = world_size()
     device = tensor.device
     dtype_code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else len(_DTYPES)
-    head = torch.tensor([tensor.ndim, dtype_code], dtype=torch.int64, device=device)
+    head = torch.full((2 + _SHAPE_SLOTS,), -1, dtype=torch.int64, device=device)
+    head[0], head[1] = tensor.ndim, dtype_code
+    head[2 : 2 + min(tensor.ndim, _SHAPE_SLOTS)] = torch.tensor(tensor.shape[:_SHAPE_SLOTS], dtype=torch.int64)
     heads = [torch.empty_like(head) for _ in range(n)]
     dist.all_gather(heads, head)
     longest = max(int(h[0]) for h in heads)
-    shape = torch.full((max(longest, 1),), -1, dtype=torch.int64, device=device)
+    if longest <= _SHAPE_SLOTS:
+        return [(int(h[1]), tuple(int(d) for d in h[2 : 2 + int(h[0])])) for h in heads]
+    shape = torch.full((longest,), -1, dtype=torch.int64, device=device)
     shape[: tensor.ndim] = torch.tensor(tensor.shape, dtype=torch.int64)
     shapes = [torch.empty_like(shape) for _ in range(n)]
     dist.all_gather(shapes, shape)

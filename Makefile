@@ -259,7 +259,7 @@ test-tensorflow-processes-late: install-tensorflow
 # simulate several devices in a process, or read tf.data or tf checkpoints).
 # The kill-and-resume jobs run in `make test-faults` (24 CPU-s beside its
 # waits: `make test` has no room for them on 2 cores).
-TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_first_hour.py tests/test_hooks.py tests/test_architecture.py tests/test_cluster_resolver.py tests/test_porting_table.py \
+TORCH_TEST_FILES := tests/test_torch_backend.py tests/test_first_hour.py tests/test_bench_cli.py tests/test_hooks.py tests/test_architecture.py tests/test_cluster_resolver.py tests/test_porting_table.py \
 	tests/test_multi_worker.py::test_bad_communication_options \
 	tests/test_multi_worker.py::test_a_cluster_dict_for_a_resolver_names_simple_cluster_resolver \
 	tests/test_multi_worker.py::test_example_through_the_launcher \

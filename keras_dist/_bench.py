@@ -2,6 +2,7 @@
 
 ```
 keras-dist bench --replicas 4 --backend jax --batch-size 256 --steps 50 --plot scaling.png
+keras-dist bench --replicas 2 --backend torch
 ```
 
 The command line parses and checks the options, then trains in a child
@@ -11,6 +12,12 @@ the backend starts. By default the child splits the host CPU into
 ``--replicas`` devices (`keras_dist.simulate_cpu_devices`); with
 ``--no-simulate`` it takes the first ``--replicas`` local devices as they
 are (GPUs, for instance).
+
+On torch a replica is a process (torch.distributed): with ``--replicas N``
+above 1, a one-replica child runs first and measures the reference, then
+``keras-dist launch -n N`` runs N children under
+``MultiWorkerMirroredStrategy``, and the chief prints the report with the
+speedup against that reference.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-BACKENDS = ("jax", "tensorflow")
+BACKENDS = ("jax", "tensorflow", "torch")
 MODELS = ("mlp", "cnn")
 STRATEGIES = ("mirrored", "one_device", "none")
 CROSS_DEVICE_OPS = ("default", "nccl", "hierarchical", "one_device")
@@ -82,6 +89,9 @@ def parser(prog: str = "keras-dist bench") -> argparse.ArgumentParser:
                    help="use the first N local devices as they are instead of N simulated CPU devices")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="stop the run after SECONDS and exit 124 (default: 600)")
+    # torch's children: the launched job takes the one-replica child's throughput
+    p.add_argument("--reference-samples-per-second", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--write-samples-per-second", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -92,6 +102,15 @@ def _check(options, p: argparse.ArgumentParser) -> None:
         p.error("--cross-device-ops needs --strategy mirrored")
     if not options.timeout > 0:
         p.error(f"--timeout must be > 0, got {options.timeout}")
+
+
+def _check_torch(options, p: argparse.ArgumentParser) -> None:
+    """torch's replicas are processes: no simulated devices, and tf's
+    cross-device ops are TensorFlow's (torch.distributed reduces)."""
+    if options.cross_device_ops != "default":
+        p.error("--cross-device-ops is TensorFlow's; on torch, torch.distributed reduces the gradients")
+    if not options.simulate:
+        p.error("--no-simulate: on torch each replica is a process (keras-dist launch), never a simulated device")
 
 
 def _child_argv(options) -> list[str]:
@@ -138,18 +157,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_PREFIX}error: KERAS_BACKEND={backend!r} is not one of {', '.join(BACKENDS)}; "
               "pass --backend", file=sys.stderr)
         return 2
+    if backend == "torch":
+        try:
+            _check_torch(options, p)
+        except SystemExit as exit_:
+            return exit_.code if isinstance(exit_.code, int) else 2
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.basename(package_root) not in ("site-packages", "dist-packages"):
         # a source checkout: the child imports this same keras_dist
         env["PYTHONPATH"] = os.pathsep.join(p for p in [package_root, env.get("PYTHONPATH")] if p)
+    if backend == "torch" and options.replicas > 1:
+        return _torch_job(options, env)
     command = [sys.executable, "-m", "keras_dist._bench", *_child_argv(options)]
     try:
         return subprocess.run(command, env=env, timeout=options.timeout).returncode
     except subprocess.TimeoutExpired:
         print(f"{_PREFIX}stopped after {options.timeout:g} s (--timeout)", file=sys.stderr)
         return _TIMEOUT_EXIT_CODE
+
+
+def _torch_job(options, env) -> int:
+    """torch, N > 1 replicas: the one-replica reference in a child of its
+    own (unless --no-reference), then N launched processes."""
+    import tempfile
+    import time
+
+    deadline = time.monotonic() + options.timeout
+    argv = _child_argv(options)
+    if options.reference:
+        with tempfile.TemporaryDirectory(prefix="keras-dist-bench-") as directory:
+            path = os.path.join(directory, "reference")
+            per_replica = -(-options.batch_size // options.replicas)  # the report's reference batch
+            one = _child_argv(argparse.Namespace(
+                **{**vars(options), "replicas": 1, "batch_size": per_replica, "plot": None, "reference": True}
+            ))
+            print(f"{_PREFIX}measuring the one-replica reference (one process)", flush=True)
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-m", "keras_dist._bench", *one, "--write-samples-per-second", path],
+                    env=env, timeout=options.timeout, stdout=subprocess.DEVNULL,
+                )
+            except subprocess.TimeoutExpired:
+                print(f"{_PREFIX}stopped after {options.timeout:g} s (--timeout)", file=sys.stderr)
+                return _TIMEOUT_EXIT_CODE
+            if done.returncode != 0:
+                return done.returncode
+            with open(path) as f:
+                argv += ["--reference-samples-per-second", f.read().strip()]
+    left = deadline - time.monotonic()
+    if left <= 1:
+        print(f"{_PREFIX}stopped after {options.timeout:g} s (--timeout)", file=sys.stderr)
+        return _TIMEOUT_EXIT_CODE
+    command = [
+        sys.executable, "-m", "keras_dist.launch", "-n", str(options.replicas), "--backend", "torch",
+        "--max-time", f"{left:.0f}", os.path.abspath(__file__), *argv,
+    ]
+    return subprocess.run(command, env=env).returncode
 
 
 # -- the child process ------------------------------------------------------
@@ -213,6 +278,8 @@ def _strategy(options):
 
     if options.strategy == "none":
         return None
+    if keras_dist_backend() == "torch" and options.replicas > 1:  # one process of a launched job
+        return keras_dist.MultiWorkerMirroredStrategy()
     available = _devices.resolve_devices(None, get_adapter().visible_devices())
     if len(available) < options.replicas:
         raise ValueError(
@@ -227,21 +294,34 @@ def _strategy(options):
     )
 
 
+def keras_dist_backend() -> str:
+    import keras
+
+    return keras.config.backend()
+
+
 def _child(argv: Sequence[str]) -> int:
     options = parser("python -m keras_dist._bench").parse_args(list(argv))
     import keras
 
     import keras_dist
 
-    if options.simulate:
+    if options.simulate and keras.config.backend() != "torch":
         keras_dist.simulate_cpu_devices(options.replicas)  # before any computation
     try:
         strategy = _strategy(options)
-        report = keras_dist.callbacks.ScalingReport(plot_path=options.plot, measure_reference=options.reference)
+        report = keras_dist.callbacks.ScalingReport(
+            plot_path=options.plot,
+            measure_reference=options.reference,
+            reference_samples_per_second=options.reference_samples_per_second,
+        )
     except (ValueError, TypeError, ImportError) as error:
         print(f"{_PREFIX}error: {error}", file=sys.stderr)
         return 2
-    where = "simulated CPU devices" if options.simulate else "local devices"
+    if keras.config.backend() == "torch":
+        where = "processes" if options.replicas > 1 else "one process"
+    else:
+        where = "simulated CPU devices" if options.simulate else "local devices"
     print(
         f"{_PREFIX}{options.model}, {options.replicas} replica(s) ({where}, "
         f"strategy {options.strategy}) on {keras.config.backend()}, global batch "
@@ -256,6 +336,9 @@ def _child(argv: Sequence[str]) -> int:
         with strategy.scope():
             model = _build(options.model)
     model.fit(x, y, batch_size=options.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[report])
+    if options.write_samples_per_second:
+        with open(options.write_samples_per_second, "w") as f:
+            f.write(repr(report.result.samples_per_second))
     return 0
 
 

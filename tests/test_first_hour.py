@@ -114,3 +114,23 @@ def test_torch_device_messages_name_the_launcher():
     with pytest.raises(ValueError, match="keras-dist launch -n N --backend torch") as error:
         keras_dist.MirroredStrategy(["cpu:0", "cpu:1"])
     assert "simulate_cpu_devices" not in str(error.value)  # itself an error on torch
+
+
+@pytest.mark.needs_tensorflow
+@pytest.mark.starts_processes
+def test_too_small_an_inter_op_pool_for_the_cpu_replicas_is_one_clear_error_not_a_hang():
+    """tf-keras's ctl_correctness port hung at Mirrored(2) with an iterator
+    made inside a tf.function (plain tf.distribute too, with TF's default
+    pool on 2 cores): replicas + 1 inter-op threads are needed. Too few is
+    one error at the strategy, naming the fix; enough runs the program."""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("TF_NUM_INTEROP_THREADS", None)
+    script = os.path.join(ROOT, "tests", "workers", "tf_inter_op_threads.py")
+    reports = {}
+    for threads in (2, 3):
+        done = subprocess.run([sys.executable, script, str(threads)], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        reports[threads] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "set_inter_op_parallelism_threads(3)" in reports[2]["error"], reports[2]
+    assert reports[3]["error"] is None and reports[3]["w"] == pytest.approx(1 + 4 * 32 / 1000.0), reports[3]

@@ -434,3 +434,23 @@ def test_fit_of_a_model_made_outside_every_scope_given_a_dataset_creator_names_t
     with pytest.raises(ValueError, match="created outside any strategy scope.*strategy.scope"):
         model.fit(creator, epochs=1, steps_per_epoch=1, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@tf_engine
+def test_in_process_workers_with_too_few_inter_op_threads_are_one_clear_error_not_a_hang():
+    """The tf tutorial's in-process cluster with workers given fewer than
+    workers + 1 inter-op threads (on a 2-core machine, TensorFlow's
+    default): plain tf.distribute's `join` waits for ever. One error naming
+    the config, before any step; with enough threads the same fit runs."""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "workers", "ps_in_process_threads.py")],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    too_few, enough = report["too_few"], report["enough"]
+    assert "inter_op_parallelism_threads = 3" in too_few["error"], too_few
+    assert too_few["changed"] == [False] * 4 and too_few["iterations"] == 0, too_few
+    assert enough["error"] is None and enough["iterations"] == 20 and all(enough["changed"]), enough

@@ -63,7 +63,8 @@ def time_train_function(model, record):
     `record(start, end, fetch_seconds, batches, rows, first_batch)` is
     called after every call. Keras passes the batch iterator as the train
     function's last argument (JAX: ``(state, iterator)``, TensorFlow:
-    ``(iterator)``); the wrapper hands on an iterator that times every
+    ``(iterator)``; torch: the call's batches as a list, fetched by Keras'
+    loop before the call, so no fetch time is seen); the wrapper hands on an iterator that times every
     fetch, and waits for the step's logs, so a call's time is the step's
     own. (On TensorFlow without a strategy, Keras then takes the batches
     one by one in Python instead of inside its compiled loop: the same
@@ -79,6 +80,14 @@ def time_train_function(model, record):
         if not active[0]:
             return original(*args)
         *head, iterator = args
+        if isinstance(iterator, list):  # torch: the call's batches, already fetched
+            start = time.perf_counter()
+            result = original(*args)
+            _wait_for_logs(result)
+            end = time.perf_counter()
+            rows = sum(batch_rows(batch) for batch in iterator)
+            record(start, end, 0.0, len(iterator), rows, iterator[0] if iterator else None)
+            return result
         start = time.perf_counter()
         first = next(iterator)  # StopIteration: no more data, as Keras expects
         fetched = time.perf_counter()

@@ -144,7 +144,42 @@ def _tpu_engine(extended):
     return _multi_worker_engine(extended)
 
 
+def _default_inter_op_threads() -> int:
+    """TensorFlow's inter-op pool size where none was set: TF_NUM_INTEROP_THREADS,
+    else one thread per schedulable CPU."""
+    threads = os.environ.get("TF_NUM_INTEROP_THREADS", "")
+    if threads.strip().isdigit() and int(threads) > 0:
+        return int(threads)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_inter_op_threads(devices) -> None:
+    """Replicas on k CPU devices of this process need an inter-op pool of at
+    least k + 1 threads: a tf.function that makes an iterator over a
+    distributed dataset and runs a nested step function blocks a thread
+    per replica until every replica's collective has arrived, and with
+    fewer threads it waits for ever (plain tf.distribute too: 2 replicas
+    hung with 2 threads, ran with 3; 3 hung with 3, ran with 4). On a
+    2-core machine TF's default pool has 2. One clear error, before any
+    variable exists, instead of a hang that depends on the program."""
+    cpus = [d for d in devices if "CPU" in d.upper()]
+    if len(cpus) < 2:
+        return
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or _default_inter_op_threads()
+    if threads >= len(cpus) + 1:
+        return
+    raise ValueError(
+        f"{len(cpus)} replicas on this process's CPU devices need TensorFlow's inter-op thread pool to have "
+        f"at least {len(cpus) + 1} threads (replicas + 1); it has {threads}. With fewer, a step whose replicas "
+        "wait on one another (an iterator made inside a tf.function, a nested step function) hangs for ever "
+        "(plain tf.distribute too). Make the CPU devices with keras_dist.simulate_cpu_devices(n), which sizes "
+        "the pool, or call tf.config.threading.set_inter_op_parallelism_threads("
+        f"{len(cpus) + 1}) (or set TF_NUM_INTEROP_THREADS={len(cpus) + 1}) before TensorFlow starts."
+    )
+
+
 def _central_storage_engine(extended):
+    check_inter_op_threads(extended.worker_devices)
     return _GlobalBatchCentralStorageStrategy(
         compute_devices=[_tf_device(d) for d in extended.worker_devices],
         parameter_device=_tf_device(extended.parameter_devices[0]),
@@ -160,6 +195,7 @@ def _one_device_engine(extended):
 
 
 def _mirrored_engine(extended):
+    check_inter_op_threads(extended.worker_devices)
     devices = [_tf_device(d) for d in extended.worker_devices]
     cross_device_ops = _tf_cross_device_ops(extended.cross_device_ops)
     # Every MirroredStrategy numbers its collective groups from the same

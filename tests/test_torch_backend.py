@@ -108,7 +108,25 @@ def test_what_torch_cannot_do_is_one_clear_error():
         model = _model("eager")
     model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
     x, y = _data()
-    with pytest.raises(ValueError, match="must be 1 with the PyTorch backend"):  # Keras' own rule on torch
+    from keras_dist._keras_names import keras_version
+
+    if keras_version() >= (3, 16):  # Keras 3.16's torch trainer runs several steps per call: as one per call
+        def no_dropout():
+            keras.utils.set_random_seed(3)
+            with strategy.scope():
+                built = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+                                          keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+            return built
+
+        one_per_call, two_per_call = no_dropout(), no_dropout()
+        for built, steps in ((one_per_call, 1), (two_per_call, 2)):
+            built.compile(optimizer="sgd", loss="mse", steps_per_execution=steps)
+            built.fit(x, y, batch_size=16, verbose=0, shuffle=False)
+        for a, b in zip(one_per_call.get_weights(), two_per_call.get_weights()):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+        assert int(two_per_call.optimizer.iterations.numpy()) == 4
+        return
+    with pytest.raises(ValueError, match="must be 1 with the PyTorch backend"):  # Keras' own rule on torch, before 3.16
         model.fit(x, y, batch_size=16, verbose=0)
 
 
@@ -349,7 +367,11 @@ def test_shuffled_input_is_the_same_on_every_worker_or_refused(tmp_path, mode):
         env=env, capture_output=True, text=True, timeout=180,
     )
     output = done.stdout + done.stderr
-    if mode == "unseeded":
+    from keras_dist._keras_names import keras_version
+
+    if mode == "unseeded" or keras_version() >= (3, 16):
+        # Keras 3.16 seeds torch's shuffle by the epoch, not the global seed:
+        # workers seeded apart draw alike there, and the step's check passes
         assert done.returncode == 0, output
         results = [json.load(open(tmp_path / f"worker{i}.json")) for i in range(2)]
         assert results[0] == results[1]

@@ -24,13 +24,16 @@ Hooks:
 
 from __future__ import annotations
 
+from typing import Optional
+
 from keras_dist._hooks import _empty_replicas, _entry, _files, _losses, _loops, _metrics, _random, _run_variables, _steps, _variables
 from keras_dist._context import model_strategy
+from keras_dist._keras_names import current, keras_version
 from keras_dist._hooks._patching import ORIGINALS, Hook, patch, resolve
 from keras_dist._shard import scale_factor, unscale_factor
 from keras_dist.backends import backend_name
 
-__all__ = ["HOOKS", "ORIGINALS", "Hook", "hooks_for", "install", "model_strategy", "resolve"]
+__all__ = ["HOOKS", "ORIGINALS", "Hook", "current", "hooks_for", "install", "model_strategy", "resolve"]
 
 _TRAINER = "keras.src.trainers.trainer:Trainer"
 _MODEL = "keras.src.models.model:Model"
@@ -167,7 +170,8 @@ HOOKS: tuple = (
         "keras.src.backend.tensorflow.numpy:add",
         _empty_replicas.wrap_add,
         _TF,
-        purpose="a replica with 0 rows: Keras' bias_add shortcut took a (0, n) operand for a bias",
+        purpose="a replica with 0 rows: Keras' bias_add shortcut took a (0, n) operand for a bias (fixed in Keras 3.16)",
+        below=(3, 16),
     ),
     *(
         Hook(
@@ -253,16 +257,20 @@ HOOKS: tuple = (
 
 __doc__ = __doc__.format(
     table="\n".join(
-        f"  {hook.target}  [{', '.join(hook.backends)}]\n      {hook.purpose}" for hook in HOOKS
+        f"  {hook.target}  [{', '.join(hook.backends)}]"
+        + (f" (Keras < {'.'.join(map(str, hook.below))})" if hook.below else "")
+        + f"\n      {hook.purpose}"
+        for hook in HOOKS
     )
 )
 
 _installed = False
 
 
-def hooks_for(backend: str) -> list:
-    """The hooks installed on `backend`."""
-    return [hook for hook in HOOKS if backend in hook.backends]
+def hooks_for(backend: str, version: Optional[tuple] = None) -> list:
+    """The hooks installed on `backend` under the installed Keras (or `version`)."""
+    version = version or keras_version()
+    return [hook for hook in HOOKS if backend in hook.backends and (hook.below is None or version < hook.below)]
 
 
 def install() -> None:

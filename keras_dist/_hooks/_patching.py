@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-from typing import Callable
+import inspect
+from typing import Callable, Optional
 
 import keras
+
+from keras_dist._keras_names import current, internal, resolve
+from keras_dist._hooks._keras_signatures import SIGNATURES
 
 #: "module:Owner.attribute" -> the original, for every hook installed.
 ORIGINALS: dict = {}
@@ -20,38 +23,48 @@ class Hook:
 
     `target` is "module:Owner.attribute"; `wrap(original)` returns the
     replacement; `backends` lists the Keras backends it is installed on;
-    `purpose` is the line the hooks module's docstring shows.
+    `purpose` is the line the hooks module's docstring shows; `below`, a
+    Keras version from which the hook is not needed (Keras fixed it).
     """
 
     target: str
     wrap: Callable
     backends: tuple = ("jax", "tensorflow", "torch")
     purpose: str = ""
+    #: installed on Keras releases below this one only (Keras fixed it there)
+    below: Optional[tuple] = None
 
 
-def resolve(path: str):
-    """`(owner, attribute name)` of a "module:Owner.attribute" target."""
-    module_name, _, attribute = path.rpartition(":")
-    module = importlib.import_module(module_name)
-    owner = module
-    for part in attribute.split(".")[:-1]:
-        owner = getattr(owner, part)
-    return owner, attribute.split(".")[-1]
+def signature(original) -> str:
+    """`inspect.signature` of a hooked function (a property's getter) as text."""
+    function = original.fget if isinstance(original, property) else original
+    try:
+        return str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return "(unknown)"
+
+
+def check_signature(path: str, original) -> None:
+    """The hooked function takes the arguments its wrapper was written for
+    (`_keras_signatures.SIGNATURES`), or one ImportError naming the hook."""
+    accepted = SIGNATURES.get(path, {})
+    found = signature(original)
+    if found not in accepted:
+        raise ImportError(
+            f"keras_dist's hook on the Keras internal {current(path)!r} expects the signature "
+            f"{' or '.join(accepted) or '(none recorded)'}; Keras {keras.version()} has {found}. This "
+            "Keras version is not supported by this keras_dist release (a hook whose arguments "
+            "changed would fail mid-fit)."
+        )
 
 
 def patch(hook: Hook) -> None:
     """Replaces the hook's target by `hook.wrap(original)`; fails loudly,
     naming the target, when this Keras version has no such name."""
     path = hook.target
-    try:
-        owner, name = resolve(path)
-        original = getattr(owner, name)
-    except (ImportError, AttributeError) as error:
-        raise ImportError(
-            f"keras_dist cannot find the Keras internal {path!r} in Keras "
-            f"{keras.version()}; this Keras version is not supported by this "
-            "keras_dist release."
-        ) from error
+    original = internal(path)
+    check_signature(path, original)
+    owner, name = resolve(path)
     wrapper = hook.wrap(original)
     functools.update_wrapper(wrapper, original)
     wrapper.__keras_dist_original__ = original

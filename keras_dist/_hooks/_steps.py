@@ -92,9 +92,9 @@ def _combining_worker_streams(function, kind: str):
 def wrap_distribute_data(original):
     """Batches pass through untouched under a strategy: its step places them."""
 
-    def _distribute_data(data, layouts=None):
+    def _distribute_data(data, *args, **kwargs):  # Keras 3.16 adds is_super_batch
         if _context.current_strategy() is None:
-            return original(data, layouts)
+            return original(data, *args, **kwargs)
         return data
 
     return _distribute_data

@@ -17,6 +17,8 @@ import dataclasses
 import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+import keras
+
 from keras_dist import _context, _devices
 from keras_dist import _heartbeat as heartbeat
 from keras_dist._engine_kind import EngineKind
@@ -32,6 +34,25 @@ from keras_dist.strategies._arguments import (
     _steps_of_replica_batches,
     _trains_as,
 )
+
+
+def _refuse_keras_distribution(strategy) -> None:
+    """Keras' own distribution (`keras.distribution.set_distribution`) and a
+    keras_dist strategy would each distribute the same model: gradients
+    reduced twice, variables laid out twice. One clear error, before
+    anything is placed. (Inside a keras_dist scope the active distribution
+    is keras_dist's own, on JAX.)"""
+    if _context.current_strategy() is not None:
+        return
+    active = getattr(keras.distribution, "distribution", lambda: None)()
+    if active is None:
+        return
+    raise ValueError(
+        f"keras.distribution's {type(active).__name__} is active (keras.distribution.set_distribution) and "
+        f"{type(strategy).__name__} would distribute the same model again: use one. Keep the keras_dist "
+        "strategy and call keras.distribution.set_distribution(None) first, or train under Keras' "
+        "distribution without a keras_dist strategy."
+    )
 
 
 class StrategyExtended:
@@ -282,6 +303,7 @@ class Strategy:
 
         Entering a different strategy's scope inside this one is an error.
         """
+        _refuse_keras_distribution(self)
         engine = self._extended.engine
         _context.push(self)
         try:

@@ -63,8 +63,11 @@ def _capture_apply(optimizer, captured: dict):
 
 def _reads_optimizer_state(model) -> bool:
     """Whether computing the loss may read the optimizer's variables."""
-    from keras.src.backend.jax.trainer import JAXTrainer
     from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    from keras_dist._keras_names import internal
+
+    JAXTrainer = internal("keras.src.backend.jax.trainer:JAXTrainer")
 
     cls = type(model)
     return (

@@ -31,7 +31,9 @@ def trains_exactly_per_replica(model) -> bool:
     Keras' own `train_step` and `compute_loss_and_updates` (whose hook sums
     the gradients), and no random layers (each replica would draw its own
     numbers where one device draws them for the whole batch)."""
-    from keras.src.backend.jax.trainer import JAXTrainer
+    from keras_dist._keras_names import internal
+
+    JAXTrainer = internal("keras.src.backend.jax.trainer:JAXTrainer")
 
     cls = type(model)
     return (
@@ -227,4 +229,33 @@ def make_trainer_function(model, strategy, kind: str) -> Optional[Callable]:
         step = CentralStorageStep(model, engine, kind)
     else:
         step = JaxStep(model, engine, kind)
-    return model._make_function(step, concatenate_outputs=kind == "predict")
+    return iterator_function(step, model.steps_per_execution, concatenate=kind == "predict")
+
+
+def iterator_function(step, steps_per_execution: int, concatenate: bool) -> Callable:
+    """Keras' JAX ``{kind}_function(state, iterator)`` around `step`
+    (``step(state, batch) -> (outputs, state)``): up to
+    `steps_per_execution` batches per call, predict's outputs concatenated.
+    keras_dist's own (Keras 3.16's `_make_function` jits the step it is
+    given; ours compiles its own)."""
+
+    def iterator_step(state, iterator):
+        outputs, state = step(state, next(iterator))
+        every = [outputs]
+        for _ in range(steps_per_execution - 1):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            outputs, state = step(state, batch)
+            every.append(outputs)
+        if concatenate and len(every) > 1:
+            outputs = _concatenate_outputs(every)
+        return outputs, state
+
+    return iterator_step
+
+
+@jax.jit
+def _concatenate_outputs(outputs):
+    return jax.tree_util.tree_map(lambda *parts: jax.numpy.concatenate(parts), *outputs)

@@ -463,24 +463,24 @@ test-keras-min: install install-torch $(KERAS_MIN_DIR)/.installed
 	@rm -f $(TEST_LOGS)/test-keras-min-*.log $(TEST_LOGS)/durations/keras-min-*.json; mkdir -p $(TEST_LOGS)/durations
 	@$(PYTHON) tests/run_parts.py --jobs 2 --logs $(TEST_LOGS) test-keras-min-tensorflow test-keras-min-jax test-keras-min-torch
 
-# (Two explicit targets: make skips pattern rules for .PHONY targets.)
-KERAS_MIN_TESTS = $(call DURATIONS_FILE,keras-min-$(1)) PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=$(1) \
-	  KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
-	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-$(1) -m "not stress and not faults and not zoo and not bench" \
-	    tests/test_keras_version.py tests/test_hooks.py tests/test_architecture.py \
-	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
+# $(call OVERLAID_TESTS,TAG,DIR,VERSION,BACKEND,TESTS): TESTS under the Keras
+# overlaid from DIR (its VERSION expected), logs and temp dirs named TAG.
+# (Explicit targets below: make skips pattern rules for .PHONY targets.)
+OVERLAY_TESTS := tests/test_keras_version.py tests/test_hooks.py tests/test_architecture.py tests/test_keras_distribution.py \
+	"tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
+OVERLAID_TESTS = $(call DURATIONS_FILE,$(1)-$(4)) PYTHONPATH=$(2) KERAS_BACKEND=$(4) KERAS_DIST_EXPECT_KERAS=$(3) \
+	  $(if $(filter torch,$(4)),KERAS_DIST_SINGLE_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs,$(PYTEST)) \
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-$(1)-$(4) -m "not stress and not faults and not zoo and not bench" $(5)
 
 test-keras-min-jax: install $(KERAS_MIN_DIR)/.installed
-	$(call JAX_TEST_CACHE,keras-min) $(call KERAS_MIN_TESTS,jax)
+	$(call JAX_TEST_CACHE,keras-min) $(call OVERLAID_TESTS,keras-min,$(KERAS_MIN_DIR),$(KERAS_MIN),jax,$(OVERLAY_TESTS))
 
 test-keras-min-tensorflow: install $(KERAS_MIN_DIR)/.installed
-	$(call KERAS_MIN_TESTS,tensorflow)
+	$(call OVERLAID_TESTS,keras-min,$(KERAS_MIN_DIR),$(KERAS_MIN),tensorflow,$(OVERLAY_TESTS))
 
 # torch: the oldest Keras over the torch-only venv, its own tests (the workers too).
 test-keras-min-torch: install-torch $(KERAS_MIN_DIR)/.installed
-	$(call DURATIONS_FILE,keras-min-torch) PYTHONPATH=$(KERAS_MIN_DIR) KERAS_BACKEND=torch KERAS_DIST_EXPECT_KERAS=$(KERAS_MIN) \
-	  $(VENV_TORCH)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-min-torch \
-	    tests/test_keras_version.py tests/test_torch_backend.py
+	$(call OVERLAID_TESTS,keras-min,$(KERAS_MIN_DIR),$(KERAS_MIN),torch,tests/test_keras_version.py tests/test_torch_backend.py)
 
 # The next Keras (KERAS_NIGHTLY, keras-nightly on the package index),
 # overlaid as KERAS_MIN is: the hooks (names, signatures, liveness), the
@@ -497,25 +497,17 @@ test-keras-nightly: install install-torch $(KERAS_NIGHTLY_DIR)/.installed
 	@rm -f $(TEST_LOGS)/test-keras-nightly-*.log $(TEST_LOGS)/durations/keras-nightly-*.json; mkdir -p $(TEST_LOGS)/durations
 	@$(PYTHON) tests/run_parts.py --jobs 2 --logs $(TEST_LOGS) test-keras-nightly-tensorflow test-keras-nightly-jax test-keras-nightly-torch
 
-KERAS_NIGHTLY_TESTS = $(call DURATIONS_FILE,keras-nightly-$(1)) PYTHONPATH=$(KERAS_NIGHTLY_DIR) KERAS_BACKEND=$(1) \
-	  KERAS_DIST_EXPECT_KERAS=$(KERAS_NIGHTLY) \
-	  $(PYTEST) --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-nightly-$(1) -m "not stress and not faults and not zoo and not bench" \
-	    tests/test_keras_version.py tests/test_hooks.py tests/test_architecture.py tests/test_keras_distribution.py \
-	    tests/test_docs.py::test_example_digits_cnn_matches_single_device \
-	    tests/test_multi_worker.py::test_example_through_the_launcher \
-	    "tests/test_equivalence.py" -k "not test_equivalence or (partial and adam) or on_batch"
+NIGHTLY_EXAMPLES := tests/test_docs.py::test_example_digits_cnn_matches_single_device tests/test_multi_worker.py::test_example_through_the_launcher
 
 test-keras-nightly-jax: install $(KERAS_NIGHTLY_DIR)/.installed
-	$(call JAX_TEST_CACHE,keras-nightly) $(call KERAS_NIGHTLY_TESTS,jax)
+	$(call JAX_TEST_CACHE,keras-nightly) $(call OVERLAID_TESTS,keras-nightly,$(KERAS_NIGHTLY_DIR),$(KERAS_NIGHTLY),jax,$(NIGHTLY_EXAMPLES) $(OVERLAY_TESTS))
 
 test-keras-nightly-tensorflow: install $(KERAS_NIGHTLY_DIR)/.installed
-	$(call KERAS_NIGHTLY_TESTS,tensorflow)
+	$(call OVERLAID_TESTS,keras-nightly,$(KERAS_NIGHTLY_DIR),$(KERAS_NIGHTLY),tensorflow,$(NIGHTLY_EXAMPLES) $(OVERLAY_TESTS))
 
 test-keras-nightly-torch: install-torch $(KERAS_NIGHTLY_DIR)/.installed
-	$(call DURATIONS_FILE,keras-nightly-torch) PYTHONPATH=$(KERAS_NIGHTLY_DIR) KERAS_BACKEND=torch KERAS_DIST_EXPECT_KERAS=$(KERAS_NIGHTLY) \
-	  KERAS_DIST_SINGLE_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-keras-nightly-torch \
-	    tests/test_keras_version.py tests/test_torch_backend.py tests/test_keras_distribution.py \
-	    tests/test_multi_worker.py::test_example_through_the_launcher
+	$(call OVERLAID_TESTS,keras-nightly,$(KERAS_NIGHTLY_DIR),$(KERAS_NIGHTLY),torch,tests/test_keras_version.py \
+	  tests/test_torch_backend.py tests/test_keras_distribution.py tests/test_multi_worker.py::test_example_through_the_launcher)
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -79,6 +79,14 @@ def test_other_rows_or_epochs_on_one_worker_fail_before_any_step(first_hour_job)
 
 
 @pytest.mark.starts_processes
+@pytest.mark.skipif(BACKEND != "torch", reason="torch: keras_dist's step under processes runs one batch a call")
+def test_torch_several_steps_per_call_under_processes_is_one_clear_error(first_hour_job):
+    for report in first_hour_job[1]:
+        _raised(report["steps_per_execution"], "ValueError", "`steps_per_execution` must be 1 with the PyTorch backend")
+        assert report["steps_per_execution_unchanged"] == 0.0
+
+
+@pytest.mark.starts_processes
 def test_a_different_model_on_one_worker_is_one_error_on_every_worker(first_hour_job):
     for report in first_hour_job[1]:
         if BACKEND == "tensorflow":  # tf's own variable broadcast checks shapes: its error, on every worker
@@ -116,7 +124,7 @@ def test_torch_device_messages_name_the_launcher():
     assert "simulate_cpu_devices" not in str(error.value)  # itself an error on torch
 
 
-@pytest.mark.needs_tensorflow
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow's inter-op pool (a TensorFlow process)")
 @pytest.mark.starts_processes
 def test_too_small_an_inter_op_pool_for_the_cpu_replicas_is_one_clear_error_not_a_hang():
     """tf-keras's ctl_correctness port hung at Mirrored(2) with an iterator

@@ -49,6 +49,16 @@ def test_every_hook_s_signature_is_recorded_and_checked_at_install():
     assert _hooks.current(path) in str(raised.value) and keras.version() in str(raised.value)
 
 
+def test_every_hook_says_why_no_public_seam_serves():
+    from keras_dist._hooks import _seams
+
+    for hook in _hooks.HOOKS:
+        assert len(_seams.reason(hook.target)) > 30, hook.target
+        assert _seams.reason(hook.target) in _hooks.__doc__
+    unused = [p for p in _seams.NO_PUBLIC_SEAM if not any(h.target.startswith(p) for h in _hooks.HOOKS)]
+    assert not unused, unused
+
+
 def test_keras_3_16_names_are_one_switch():
     """Every target is written as Keras 3.10-3.15 spell it; `current` turns
     it into Keras 3.16's (renamed trainer classes, the backends' ops moved

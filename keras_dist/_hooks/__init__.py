@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from keras_dist._hooks import _seams
 from keras_dist._hooks import _empty_replicas, _entry, _files, _losses, _loops, _metrics, _random, _run_variables, _steps, _variables
 from keras_dist._context import model_strategy
 from keras_dist._keras_names import current, keras_version
@@ -260,6 +261,7 @@ __doc__ = __doc__.format(
         f"  {hook.target}  [{', '.join(hook.backends)}]"
         + (f" (Keras < {'.'.join(map(str, hook.below))})" if hook.below else "")
         + f"\n      {hook.purpose}"
+        + f"\n      no public seam: {_seams.reason(hook.target)}"
         for hook in HOOKS
     )
 )

@@ -103,6 +103,15 @@ report["unchanged"] = max(float(np.max(np.abs(a - b))) for a, b in zip(before, m
 report["same_call_trains"] = outcome(lambda: model.fit(features, targets, batch_size=16, epochs=1, shuffle=False,
                                                        verbose=0))
 
+# torch: several batches per call under processes is one clear error on every worker.
+if keras.config.backend() == "torch":
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", steps_per_execution=2)
+    before = model.get_weights()
+    report["steps_per_execution"] = outcome(lambda: model.fit(features, targets, batch_size=16, epochs=1,
+                                                              shuffle=False, verbose=0))
+    report["steps_per_execution_unchanged"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights()))
+
 # A different model on one worker.
 with strategy.scope():
     report["architecture"] = outcome(lambda: make(8 if index == 0 else 6))

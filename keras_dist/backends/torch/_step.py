@@ -170,8 +170,9 @@ def make_trainer_function(model, strategy, kind: str):
         return None
     if model.steps_per_execution > 1:
         raise ValueError(
-            "`steps_per_execution` must be 1 with the PyTorch backend (Keras' torch trainer runs one batch a "
-            f"step). Received: steps_per_execution={model.steps_per_execution}."
+            "`steps_per_execution` must be 1 with the PyTorch backend under a strategy of several processes: "
+            "keras_dist's torch step runs one batch a call (Keras before 3.16 refuses more on torch too). "
+            f"Received: steps_per_execution={model.steps_per_execution}."
         )
     if model.jit_compile:
         raise ValueError(

@@ -893,7 +893,11 @@ _PLAIN_SCRIPT = textwrap.dedent(
         assert keras_dist._hooks._installed
     if sys.argv[2] == "keras-data-parallel":  # Keras' own distribution, no keras_dist strategy
         devices = ["cpu:0", "cpu:1"] if keras.config.backend() == "jax" else ["cpu:0"]
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+        try:
+            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+        except AttributeError as error:  # this Keras has no distribution on this backend (TF, torch before 3.11)
+            print(json.dumps({"unsupported": str(error)}))
+            sys.exit(0)
     keras.utils.set_random_seed(7)
     rng = np.random.default_rng(0)
     # Keras' DataParallel needs every batch to split evenly (plain Keras too)
@@ -905,9 +909,10 @@ _PLAIN_SCRIPT = textwrap.dedent(
     history = model.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0).history
     logs = model.evaluate(x, y, batch_size=10, verbose=0, return_dict=True)
     prediction = model.predict(x, batch_size=10, verbose=0)
-    if tuple(int(p) for p in keras.version().split(".")[:2]) < (3, 16):
-        # Keras 3.16.dev's own train_on_batch fails after steps_per_execution=2
-        # (it slices the None sample weights), keras_dist imported or not
+    if tuple(int(p) for p in keras.version().split(".")[:2]) < (3, 16) and sys.argv[2] == "none":
+        # Keras' own train_on_batch fails after steps_per_execution=2 in
+        # 3.16.dev, and under DataParallel in 3.10 (both on the None sample
+        # weights), keras_dist imported or not
         model.train_on_batch(x[:10], y[:10])
     print(json.dumps({
         "weights": [w.tolist() for w in model.get_weights()],
@@ -937,6 +942,9 @@ def test_code_outside_a_strategy_is_plain_keras_bit_for_bit(tmp_path, distributi
         )
         assert done.returncode == 0, done.stderr[-3000:]
         results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    if "unsupported" in results["without"]:
+        assert results["with"] == results["without"]
+        pytest.skip(f"Keras {keras.version()} has no keras.distribution on {BACKEND}: {results['without']['unsupported']}")
     assert results["with"] == results["without"]  # exact, not approximate
 
 

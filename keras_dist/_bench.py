@@ -272,13 +272,15 @@ def _cross_device_ops(options):
 
 
 def _strategy(options):
+    import keras
+
     import keras_dist
     from keras_dist import _devices
     from keras_dist.backends import get_adapter
 
     if options.strategy == "none":
         return None
-    if keras_dist_backend() == "torch" and options.replicas > 1:  # one process of a launched job
+    if keras.config.backend() == "torch" and options.replicas > 1:  # one process of a launched job
         return keras_dist.MultiWorkerMirroredStrategy()
     available = _devices.resolve_devices(None, get_adapter().visible_devices())
     if len(available) < options.replicas:
@@ -292,12 +294,6 @@ def _strategy(options):
     return keras_dist.MirroredStrategy(
         list(available[: options.replicas]), cross_device_ops=_cross_device_ops(options)
     )
-
-
-def keras_dist_backend() -> str:
-    import keras
-
-    return keras.config.backend()
 
 
 def _child(argv: Sequence[str]) -> int:

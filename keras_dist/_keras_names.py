@@ -14,12 +14,14 @@ and every internal keras_dist reads goes through `current(path)`:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 
 import keras
 
 
+@functools.cache
 def keras_version() -> tuple:
     """(major, minor, patch) of the installed Keras; a dev build counts as its release."""
     return tuple(int(part) for part in re.findall(r"\d+", keras.version())[:3])
@@ -64,9 +66,14 @@ def internal(path: str):
     """The Keras internal object at `path`, e.g.
     ``internal("keras.src.backend.jax.trainer:JAXTrainer")``; an ImportError
     naming it and the Keras version where it is missing."""
+    return locate(path)[2]
+
+
+def locate(path: str):
+    """`(owner, attribute name, object)` of `path`; an ImportError as `internal`'s."""
     try:
         owner, name = resolve(path)
-        return getattr(owner, name)
+        return owner, name, getattr(owner, name)
     except (ImportError, AttributeError) as error:
         raise ImportError(
             f"keras_dist cannot find the Keras internal {current(path)!r} in Keras "

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import keras
 
-from keras_dist._keras_names import current, internal, resolve
+from keras_dist._keras_names import current, locate, resolve  # noqa: F401 (resolve: re-exported)
 from keras_dist._hooks._keras_signatures import SIGNATURES
 
 #: "module:Owner.attribute" -> the original, for every hook installed.
@@ -62,9 +62,8 @@ def patch(hook: Hook) -> None:
     """Replaces the hook's target by `hook.wrap(original)`; fails loudly,
     naming the target, when this Keras version has no such name."""
     path = hook.target
-    original = internal(path)
+    owner, name, original = locate(path)
     check_signature(path, original)
-    owner, name = resolve(path)
     wrapper = hook.wrap(original)
     functools.update_wrapper(wrapper, original)
     wrapper.__keras_dist_original__ = original

@@ -250,3 +250,12 @@ def values_from_every_worker(values):
         return [v[None] for v in values]
     stacked = _gather_function(engine, len(values))(*[tf.convert_to_tensor(v) for v in values])
     return [engine.experimental_local_results(value)[0].numpy() for value in stacked]
+
+
+def default_inter_op_threads() -> int:
+    """TensorFlow's inter-op pool size where none was set: TF_NUM_INTEROP_THREADS,
+    else one thread per schedulable CPU."""
+    threads = os.environ.get("TF_NUM_INTEROP_THREADS", "")
+    if threads.strip().isdigit() and int(threads) > 0:
+        return int(threads)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

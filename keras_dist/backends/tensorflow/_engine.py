@@ -14,7 +14,12 @@ import tensorflow as tf
 from keras_dist import _devices
 from keras_dist._engine_kind import EngineKind, engine_builder
 from keras_dist._cross_device_ops import HierarchicalCopyAllReduce, ReductionToOneDevice
-from keras_dist.backends.tensorflow._cluster import _multi_worker, _tpu_system, initialize_tpu_system
+from keras_dist.backends.tensorflow._cluster import (
+    _multi_worker,
+    _tpu_system,
+    default_inter_op_threads,
+    initialize_tpu_system,
+)
 from keras_dist.backends.tensorflow._strategies import (
     _GlobalBatchCentralStorageStrategy,
     _GlobalBatchMirroredStrategy,
@@ -144,15 +149,6 @@ def _tpu_engine(extended):
     return _multi_worker_engine(extended)
 
 
-def _default_inter_op_threads() -> int:
-    """TensorFlow's inter-op pool size where none was set: TF_NUM_INTEROP_THREADS,
-    else one thread per schedulable CPU."""
-    threads = os.environ.get("TF_NUM_INTEROP_THREADS", "")
-    if threads.strip().isdigit() and int(threads) > 0:
-        return int(threads)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def check_inter_op_threads(devices) -> None:
     """Replicas on k CPU devices of this process need an inter-op pool of at
     least k + 1 threads: a tf.function that makes an iterator over a
@@ -165,7 +161,7 @@ def check_inter_op_threads(devices) -> None:
     cpus = [d for d in devices if "CPU" in d.upper()]
     if len(cpus) < 2:
         return
-    threads = tf.config.threading.get_inter_op_parallelism_threads() or _default_inter_op_threads()
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or default_inter_op_threads()
     if threads >= len(cpus) + 1:
         return
     raise ValueError(

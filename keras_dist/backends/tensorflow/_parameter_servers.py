@@ -28,7 +28,6 @@ servers, with what Keras 3 breaks fixed.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 
 import numpy as np
@@ -39,6 +38,7 @@ from tensorflow.python.distribute.coordinator import values as tf_coordinator_va
 
 from keras_dist import _heartbeat as heartbeat
 from keras_dist.backends.tensorflow import _exactly_once
+from keras_dist.backends.tensorflow._cluster import default_inter_op_threads
 
 
 class _KerasParameterServerStrategy(tf.distribute.ParameterServerStrategy):
@@ -270,14 +270,9 @@ def make_step_function(model, engine):
     return tf.function(step)
 
 
-#: The worker servers started in this process: address -> their inter-op
-#: threads (None: TensorFlow's default, one per schedulable CPU).
+#: The worker servers started in this process: address -> their config's
+#: inter-op threads (0: TensorFlow's default).
 _IN_PROCESS_WORKERS: dict = {}
-
-
-def _inter_op_threads(config):
-    threads = getattr(config, "inter_op_parallelism_threads", 0) if config is not None else 0
-    return threads if threads > 0 else (None if threads == 0 else threads)
 
 
 def _check_in_process_worker_threads(cluster):
@@ -291,11 +286,9 @@ def _check_in_process_worker_threads(cluster):
     if not workers:
         return
     needed = len(workers) + 1
-    default = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     short = {}
     for address in workers:
-        threads = _IN_PROCESS_WORKERS[address]
-        threads = default if threads is None else threads
+        threads = _IN_PROCESS_WORKERS[address] or default_inter_op_threads()
         if threads < needed:
             short[address] = threads
     if short:
@@ -325,7 +318,7 @@ class EngineServer:
         )
         if job_name == "worker":
             _IN_PROCESS_WORKERS[tf.train.ClusterSpec(cluster).task_address(job_name, task_index)] = (
-                _inter_op_threads(config)
+                getattr(config, "inter_op_parallelism_threads", 0)
             )
 
     @property

@@ -18,7 +18,7 @@ KERAS_NIGHTLY_DIR := .venv-keras-nightly
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: test-extended install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-in-process-late \
+.PHONY: test-extended install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-with-orbax test-tensorflow-in-process-late \
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
@@ -64,7 +64,7 @@ $(STAMP): $(VENV_JAX)/.installed $(VENV_TF)/.installed
 install-jax: $(VENV_JAX)/.installed
 
 $(VENV_JAX)/.installed: pyproject.toml requirements/constraints.txt
-	$(call make-venv,$(VENV_JAX),jax$(comma)ray$(comma)test)
+	$(call make-venv,$(VENV_JAX),jax$(comma)ray$(comma)orbax$(comma)test)
 	@! $(VENV_JAX)/bin/python -c "import tensorflow" 2>/dev/null || \
 	  { echo "$(VENV_JAX) has tensorflow: not a JAX-only install" >&2; exit 1; }
 	touch $@
@@ -112,12 +112,14 @@ demo: install-jax
 #                         none, but for / then TF_IN_PROCESS_LATE
 #   test-jax-in-process:  JAX's that start none (.venv-jax)
 #   test-jax-with-tensorflow: JAX's needs_tensorflow tests (.venv)
+#   test-tensorflow-with-orbax: TensorFlow's needs_orbax tests (.venv)
 #   test-torch:           the torch backend's tests (.venv-torch)
 # Every pytest run writes what each test cost to .test-logs/durations/;
 # `make durations` turns them into tests/DURATIONS.md.
 TEST_LOGS := .test-logs
 TEST_PARTS := test-tensorflow-in-process test-jax-processes test-tensorflow-processes test-jax-in-process \
-	test-tensorflow-in-process-late test-jax-with-tensorflow test-tensorflow-processes-late test-torch
+	test-tensorflow-in-process-late test-jax-with-tensorflow test-tensorflow-processes-late test-torch \
+	test-tensorflow-with-orbax
 TEST_SLOTS := 5
 #: Every part but the first (TensorFlow's in-process tests, one pytest
 #: process) runs this much nicer: Linux shares the two cores per thread, and
@@ -231,6 +233,14 @@ test-jax-with-tensorflow: install
 	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
 	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests \
 	  -m "not stress and not faults and not bench and not extended" --zoo-sample=sample tests
+
+# Just the needs_orbax tests on TensorFlow (Keras' OrbaxCheckpoint:
+# orbax-checkpoint brings jax, which the TensorFlow-only venv leaves out),
+# in the union venv.
+test-tensorflow-with-orbax: install
+	$(call DURATIONS_FILE,tensorflow-with-orbax) $(TEST_STARTUP) KERAS_BACKEND=tensorflow \
+	  $(PYTEST) --durations=5 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-orbax --only-other-backend-tests \
+	  -m "not stress and not faults and not bench and not extended" tests
 
 # The TensorFlow suite is the longest, so `make test` runs it as four pytest
 # processes: the tests that start no process and those that do, each in two

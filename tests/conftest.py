@@ -5,9 +5,12 @@ input or TensorBoard's tf.summary on JAX) is marked `needs_tensorflow`.
 `make test-jax` runs the JAX suite where tensorflow is not installed, as a
 user's `pip install ".[jax]"`; there those tests are skipped, with the
 reason naming `make test-jax-with-tensorflow`, which runs just them
-(`--only-other-backend-tests`) where both packages are installed. No
-TensorFlow-backend test needs jax: `make test-tensorflow` runs them all
-where jax is not installed.
+(`--only-other-backend-tests`) where both packages are installed.
+Likewise a test of Keras' `OrbaxCheckpoint` is marked `needs_orbax`:
+orbax-checkpoint brings jax, so the TensorFlow- and torch-only venvs leave
+it out; `make test-tensorflow-with-orbax` runs those tests on TensorFlow
+where both are installed (the union venv). No other TensorFlow-backend
+test needs jax.
 """
 
 import importlib.util
@@ -64,9 +67,17 @@ if BACKEND == "jax" and JAX_PROCESS_CACHE:
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
-#: backend -> (marker of the tests that need the other backend's package,
-#: that package, the make target that runs those tests). None on TensorFlow.
-OTHER_BACKEND = {"jax": ("needs_tensorflow", "tensorflow", "make test-jax-with-tensorflow")}
+#: backend -> (marker of the tests that need another backend's package,
+#: that package, the make target that runs those tests).
+OTHER_BACKEND = {
+    "jax": ("needs_tensorflow", "tensorflow", "make test-jax-with-tensorflow"),
+    "tensorflow": ("needs_orbax", "orbax.checkpoint", "make test-tensorflow-with-orbax"),
+}
+#: Where no target runs a marker's tests: marker -> (package, why).
+UNRUN_ELSEWHERE = {
+    "needs_orbax": ("orbax.checkpoint", "orbax-checkpoint brings jax, which a torch-only install leaves out; on torch "
+                    "the multi-worker refusal is tested (test_first_hour.py)"),
+}
 
 
 def pytest_report_header(config):
@@ -90,11 +101,24 @@ def pytest_collection_modifyitems(config, items):
     needs = {item.nodeid: bool(marker and item.get_closest_marker(marker)) for item in items}
     if config.getoption("--only-other-backend-tests"):
         keep_only(config, items, lambda item: needs[item.nodeid])
-    elif any(needs.values()) and importlib.util.find_spec(package) is None:
+    elif any(needs.values()) and not _installed(package):
         skip = pytest.mark.skip(reason=f"needs {package} in a {BACKEND} process, not installed here; `{target}` runs it")
         for item in items:
             if needs[item.nodeid]:
                 item.add_marker(skip)
+    for other, (package, why) in UNRUN_ELSEWHERE.items():
+        if other == marker or _installed(package):
+            continue
+        for item in items:
+            if item.get_closest_marker(other):
+                item.add_marker(pytest.mark.skip(reason=f"needs {package}, not installed here: {why}"))
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ModuleNotFoundError:  # its parent package is absent
+        return False
 
 
 @pytest.fixture

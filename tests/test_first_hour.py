@@ -70,6 +70,19 @@ def test_every_worker_saving_to_one_path_leaves_the_chief_s_whole_file(first_hou
 
 
 @pytest.mark.starts_processes
+@pytest.mark.skipif(not hasattr(keras.callbacks, "OrbaxCheckpoint"), reason="Keras before 3.13 has no OrbaxCheckpoint")
+def test_orbax_checkpoint_in_a_multi_worker_job_is_one_clear_error(first_hour_job):
+    """Every worker would write its own Orbax checkpoint into one directory
+    (a torn checkpoint): refused on every worker before any step, naming
+    the chief-aware callbacks."""
+    for report in first_hour_job[1]:
+        _raised(report["orbax"], "ValueError", "OrbaxCheckpoint under a MultiWorkerMirroredStrategy job of 2 processes")
+        assert "keras.callbacks.BackupAndRestore" in report["orbax"][2]
+        assert report["orbax_unchanged"] == 0.0
+        assert report["orbax_wrote"] == []  # no checkpoint step written
+
+
+@pytest.mark.starts_processes
 def test_other_rows_or_epochs_on_one_worker_fail_before_any_step(first_hour_job):
     for report in first_hour_job[1]:
         _raised(report["rows_differ"], "ValueError", "x: worker 0 64 rows or batches, worker 1 48 rows or batches")

@@ -461,6 +461,22 @@ def _assign_delta_probe(name):
     return probe
 
 
+def _scalar_conversion_probe(convert):
+    def probe(mirrored, tmp_path):
+        """`int`/`float` of the optimizer's step count and of a mirrored
+        scalar after one step on 2 replicas (tf's distributed variables
+        have neither: a TypeError, and Keras' OrbaxCheckpoint with it)."""
+        strategy = mirrored(2)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+            scale = keras.Variable(2.5)
+        model.fit(np.ones((4, 2), "float32"), np.ones((4, 1), "float32"), batch_size=4, verbose=0)
+        return convert(model.optimizer.iterations), convert(scale)
+
+    return probe
+
+
 def _probe_metrics_in_run(mirrored, tmp_path):
     """Accuracy and AUC updated inside run on 10 rows over 4 replicas
     (JAX pads two shards): the padding rows must not count."""
@@ -623,6 +639,7 @@ PROBES = {
     "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients": _probe_clipped_sgd,
     **{f"keras.src.backend.common.variables:Variable.{n}": _assign_delta_probe(n) for n in ("assign_add", "assign_sub")},
     "keras.src.backend.common.variables:Variable.assign": _probe_assign_on_ps,
+    **{f"keras.src.backend.common.variables:Variable.__{c.__name__}__": _scalar_conversion_probe(c) for c in (int, float)},
     "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values": _probe_metrics_in_run,
     "keras.src.metrics.metrics_utils:update_confusion_matrix_variables": _probe_metrics_in_run,
     "keras.src.metrics.metric:Metric.__init__": _probe_metric_result_in_run,

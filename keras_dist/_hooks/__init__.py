@@ -132,6 +132,16 @@ HOOKS: tuple = (
         _TF,
         purpose="a ps variable written in a scheduled function: once, even when re-run",
     ),
+    *(
+        Hook(
+            f"keras.src.backend.common.variables:Variable.__{convert.__name__}__",
+            _variables.wrap_scalar_conversion(convert),
+            _TF,
+            purpose=f"{convert.__name__}(variable) of a variable tf holds distributed (tf's classes have no "
+            f"__{convert.__name__}__)",
+        )
+        for convert in (int, float)
+    ),
     Hook(
         "keras.src.metrics.reduction_metrics:reduce_to_samplewise_values",
         _metrics.wrap_reduce_to_samplewise_values,

@@ -137,6 +137,17 @@ def _check_no_dataset_creator(name, signature, model, args, kwargs):
         )
 
 
+def _bound_callbacks(signature, model, args, kwargs):
+    """The `callbacks` argument of a call (None where the call does not bind:
+    Keras reports that)."""
+    if "callbacks" not in signature.parameters:
+        return None
+    try:
+        return signature.bind(model, *args, **kwargs).arguments.get("callbacks")
+    except TypeError:
+        return None
+
+
 def wrap_entry(name: str):
     """The wrapper maker for `Model.<name>` (one of `ENTRY_POINTS`)."""
 
@@ -151,6 +162,7 @@ def wrap_entry(name: str):
                 _check_no_dataset_creator(name, signature, self, args, kwargs)
                 args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, None, self, args, kwargs)
                 return original(self, *args, **kwargs)
+            _files.check_orbax_checkpoint(_bound_callbacks(signature, self, args, kwargs), strategy, name)
             if _ps_fit.is_parameter_server(strategy) and name in ("fit", "train_on_batch"):
                 return _parameter_server_fit(self, strategy, name, signature, args, kwargs)
             args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, strategy, self, args, kwargs)

@@ -254,6 +254,40 @@ def wrap_chief_only_write(kind: str):
     return wrap
 
 
+def check_orbax_checkpoint(callbacks, strategy, method: str) -> None:
+    """`keras.callbacks.OrbaxCheckpoint` (Keras >= 3.13) under a strategy
+    whose job is one process (one writer): as in plain Keras. Where several
+    processes run the callbacks (a multi-worker job: each would write its
+    own checkpoint into the same directory, a torn checkpoint that loads) or
+    a parameter-server coordinator (its copy of the variables is current
+    only after an epoch's join), one clear
+    error before anything runs, naming the chief-aware alternatives."""
+    orbax_checkpoint = getattr(keras.callbacks, "OrbaxCheckpoint", None)
+    if orbax_checkpoint is None or not isinstance(callbacks, (list, tuple)):
+        return
+    found = [c for c in callbacks if isinstance(c, orbax_checkpoint)]
+    if not found:
+        return
+    from keras_dist._hooks import _ps_fit
+
+    extended = strategy.extended
+    if _ps_fit.is_parameter_server(strategy):
+        where = ("a ParameterServerStrategy (steps run asynchronously on the workers; the coordinator's copy of "
+                 "the variables is current only after each epoch's join)")
+    elif extended.num_workers > 1:
+        where = (
+            f"a {type(strategy).__name__} job of {extended.num_workers} processes (each would write its own "
+            f"checkpoint into {getattr(found[0], 'directory', 'the same directory')!r}: a torn checkpoint)"
+        )
+    else:
+        return
+    raise ValueError(
+        f"{method} got keras.callbacks.OrbaxCheckpoint under {where}. keras_dist supports OrbaxCheckpoint where "
+        "the job is one process. Here use keras.callbacks.BackupAndRestore (to resume a job: the chief commits "
+        "weights, optimizer and epoch together) or keras.callbacks.ModelCheckpoint (the chief writes your path)."
+    )
+
+
 def check_backup_dirs_writable(callbacks) -> None:
     """The chief's `BackupAndRestore` directories must be writable; checked
     before training starts, so nothing runs (or is half-written) first."""

@@ -7,6 +7,12 @@ test prints any signature to add here (after reading the change)."""
 
 #: target -> {signature: the Keras versions measured with it}
 SIGNATURES = {
+    'keras.src.backend.common.variables:Variable.__float__': {
+        '(self)': '3.10, 3.15, 3.16',
+    },
+    'keras.src.backend.common.variables:Variable.__int__': {
+        '(self)': '3.10, 3.15, 3.16',
+    },
     'keras.src.backend.common.variables:Variable.assign': {
         '(self, value)': '3.10, 3.15, 3.16',
     },

@@ -38,6 +38,9 @@ NO_PUBLIC_SEAM = {
         "the regularization losses are summed privately, without the replica's share"),
     "keras.src.backend.jax.trainer:JAXTrainer.compute_loss_and_updates": (
         "Keras' JAX gradient computation has no seam for a cross-replica sum"),
+    "keras.src.backend.common.variables:Variable.__": (
+        "int()/float() of a Keras variable convert the backend's value directly, and tf's distributed "
+        "variables have no __int__/__float__"),
     "keras.src.backend.common.variables:Variable.": (
         "Keras variables have no aggregation for writes inside run (tf.Variable's aggregation)"),
     "keras.src.metrics.": (

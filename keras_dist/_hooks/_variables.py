@@ -15,6 +15,26 @@ from keras_dist import _context
 from keras_dist.backends import get_adapter
 
 
+def wrap_scalar_conversion(convert):
+    """The wrapper maker for `Variable.__int__` / `__float__` (`convert` is
+    `int` or `float`) on TensorFlow: a scalar variable a strategy holds as
+    tf's distributed variable (mirrored, aggregating: tf's classes have no
+    `__int__` or `__float__`, so `int(model.optimizer.iterations)` raised a
+    TypeError, and Keras' `OrbaxCheckpoint` with it) converts from its value
+    as one device reads it; every other variable as Keras converts it."""
+
+    def wrap(original):
+        def conversion(self):
+            value = self.value
+            if self.ndim > 0 or hasattr(type(value), f"__{convert.__name__}__"):
+                return original(self)
+            return convert(self.numpy())
+
+        return conversion
+
+    return wrap
+
+
 def wrap_distribute_tensor(original):
     def distribute_tensor(tensor, layout):
         adapter = get_adapter()

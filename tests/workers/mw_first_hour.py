@@ -112,6 +112,23 @@ if keras.config.backend() == "torch":
     report["steps_per_execution_unchanged"] = max(
         float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights()))
 
+# keras.callbacks.OrbaxCheckpoint (Keras >= 3.13): every worker would write
+# its own checkpoint into one directory; one clear error before any step.
+if hasattr(keras.callbacks, "OrbaxCheckpoint"):
+    orbax_dir = os.path.join(out_dir, "orbax")
+    try:
+        import orbax.checkpoint  # noqa: F401  (with JAX's extra; it brings jax)
+
+        orbax_checkpoint = keras.callbacks.OrbaxCheckpoint(orbax_dir)
+    except ImportError:  # a TensorFlow- or torch-only venv: Keras' __init__ needs orbax; the check reads the class
+        orbax_checkpoint = keras.callbacks.OrbaxCheckpoint.__new__(keras.callbacks.OrbaxCheckpoint)
+        orbax_checkpoint.directory = orbax_dir
+    before = model.get_weights()
+    report["orbax"] = outcome(lambda: model.fit(features, targets, batch_size=16, epochs=1, shuffle=False, verbose=0,
+                                                callbacks=[orbax_checkpoint]))
+    report["orbax_unchanged"] = max(float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights()))
+    report["orbax_wrote"] = sorted(os.listdir(orbax_dir)) if os.path.isdir(orbax_dir) else []
+
 # A different model on one worker.
 with strategy.scope():
     report["architecture"] = outcome(lambda: make(8 if index == 0 else 6))

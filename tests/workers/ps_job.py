@@ -272,6 +272,15 @@ for mode, steps in JOBS:
                 tf.function(lambda: model.optimizer.iterations.assign_add(1), jit_compile=True)
             ),
         }
+        if hasattr(keras.callbacks, "OrbaxCheckpoint"):  # Keras >= 3.13
+            try:
+                import orbax.checkpoint  # noqa: F401  (JAX's [orbax] extra; it brings jax)
+
+                orbax_checkpoint = keras.callbacks.OrbaxCheckpoint(f"{OUT}.orbax")
+            except ImportError:  # TensorFlow-only: Keras' __init__ needs orbax; the check reads the class
+                orbax_checkpoint = keras.callbacks.OrbaxCheckpoint.__new__(keras.callbacks.OrbaxCheckpoint)
+                orbax_checkpoint.directory = f"{OUT}.orbax"
+            cases["OrbaxCheckpoint"] = lambda: model.fit(dataset_fn, steps_per_epoch=2, callbacks=[orbax_checkpoint])
         for name, call in cases.items():
             try:
                 call()

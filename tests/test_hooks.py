@@ -617,7 +617,6 @@ PROBES = {
     "keras.src.layers.normalization.batch_normalization:BatchNormalization.__init__": _probe_synchronized_batch_norm,
     f"{_TRAINER}._aggregate_additional_loss": _probe_replica_fit,
     f"{_JAX_TRAINER}:JAXTrainer.compute_loss_and_updates": _probe_replica_fit,
-    **{f"{_JAX_TRAINER}:JAXTrainer.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     f"{_JAX_TRAINER}:_distribute_data": _step_probe("train"),
     "keras.src.backend.jax.distribution_lib:distribute_tensor": _probe_values_from_chief,
     "keras.src.backend:rnn": _rnn_probe("LSTM"),  # LSTM on CPU: Keras' generic rnn
@@ -631,7 +630,6 @@ PROBES = {
     "keras.src.backend.tensorflow.nn:separable_conv": _empty_replica_convolution_probe(
         lambda: keras.layers.SeparableConv2D(3, 3)
     ),
-    **{f"{_TF_TRAINER}.make_{k}_function": _step_probe(k) for k in ("train", "test", "predict")},
     "keras.src.optimizers.base_optimizer:BaseOptimizer.apply": _probe_optimizer_apply,
     "keras.src.losses.loss:reduce_values": _probe_reduce_values,
     "keras.src.backend.tensorflow.random:dropout": _probe_dropout,
@@ -656,7 +654,7 @@ PROBES = {
 TORCH_PROBED_BY_JOB = (
     "keras.src.backend.torch.random:dropout",
     "keras.src.backend.torch.core:Variable._initialize",
-    *(f"keras.src.backend.torch.trainer:TorchTrainer.make_{k}_function" for k in ("train", "test", "predict")),
+    "keras_dist:install_step_functions",  # not a hook: the per-instance step function makers (reverted: not installed)
     "keras.src.losses.loss:Loss.__call__",
     "keras.src.losses.loss:reduce_values",
     "keras.src.losses.loss:scale_loss_for_distribution",
@@ -672,6 +670,64 @@ _TORCH_ONLY = {target for target in TORCH_PROBED_BY_JOB if ".torch." in target}
 
 def test_every_hook_has_a_liveness_probe():
     assert sorted([*PROBES, *_TORCH_ONLY]) == sorted(hook.target for hook in _hooks.HOOKS)
+
+
+def test_a_model_under_a_strategy_gets_its_own_step_function_makers(mirrored):
+    """Keras' public seam, per instance: a model made in a strategy's scope
+    has its own make_{train,test,predict}_function; one made outside has
+    Keras' (no trainer class is patched); a model class that defines one
+    keeps its own."""
+    from keras_dist._hooks import _steps
+
+    with mirrored(2).scope():
+        inside = mlp()
+    outside = mlp()
+    for name in _steps.STEP_FUNCTION_MAKERS:
+        assert name in inside.__dict__ and name not in outside.__dict__
+        assert getattr(type(outside), name) is getattr(keras.Model, name)
+        assert not hasattr(getattr(keras.Model, name), "__keras_dist_original__")  # Keras' own, unpatched
+
+    class OwnSteps(keras.Sequential):
+        def make_train_function(self, force=False):
+            return super().make_train_function(force)
+
+    with mirrored(2).scope():
+        own = OwnSteps([keras.Input((8,)), keras.layers.Dense(1)])
+    assert "make_train_function" not in own.__dict__ and "make_test_function" in own.__dict__
+
+
+@pytest.mark.parametrize("kind", ["train", "test", "predict"])
+def test_the_per_instance_step_function_makers_change_behaviour(kind, mirrored, monkeypatch, tmp_path, request):
+    """The liveness rule for the one seam that is not a hook: without the
+    per-instance makers (Keras' own step under the strategy) the probe's
+    outcome changes."""
+    from keras_dist._hooks import _steps
+
+    if BACKEND == "torch":
+        pytest.skip("several replicas are processes on torch: tests/test_torch_backend.py::"
+                    "test_every_torch_hook_changes_behaviour[keras_dist:install_step_functions]")
+    if BACKEND == "jax":
+        request.getfixturevalue("per_replica_step")
+    probe = _step_probe(kind)
+    live = _outcome(probe, mirrored, tmp_path / "live")
+    monkeypatch.setattr(_steps, "install_step_functions", lambda model: None)
+    reverted = _outcome(probe, mirrored, tmp_path / "reverted")
+    _context.reset()
+    assert live[0] == "ok", live
+    assert not _same(live, reverted), (kind, live, reverted)
+
+
+def test_a_keras_whose_step_function_makers_changed_fails_at_install():
+    from keras_dist._hooks import _steps
+
+    class Changed(keras.Model):
+        def make_train_function(self, force=False, extra=None):
+            return None
+
+    with pytest.raises(ImportError, match=r"make_train_function\(self, force=False\), but Keras .* has "
+                                          r"make_train_function\(self, force=False, extra=None\)"):
+        _steps.check_step_function_makers(Changed)
+    _steps.check_step_function_makers(keras.Model)
 
 
 def _probe_compile_checks(mirrored, tmp_path):

@@ -46,7 +46,12 @@ _JAX, _TF, _TORCH = ("jax",), ("tensorflow",), ("torch",)
 
 HOOKS: tuple = (
     # scope and entry checks
-    Hook(f"{_TRAINER}.__init__", _entry.wrap_trainer_init, purpose="remember the strategy in scope"),
+    Hook(
+        f"{_TRAINER}.__init__",
+        _entry.wrap_trainer_init,
+        purpose="remember the strategy in scope; give the model its own make_{train,test,predict}_function "
+        "(the adapter's step: Keras' public seam, per instance)",
+    ),
     Hook(
         f"{_TRAINER}.compile",
         _entry.wrap_compile,
@@ -225,22 +230,7 @@ HOOKS: tuple = (
         for name in ("get_weights", "set_weights")
     ),
     # the distributed steps
-    *(
-        Hook(f"{_JAX_TRAINER}:JAXTrainer.make_{kind}_function", _steps.wrap_make_function(kind), _JAX,
-             purpose="the adapter's step")
-        for kind in ("train", "test", "predict")
-    ),
     Hook(f"{_JAX_TRAINER}:_distribute_data", _steps.wrap_distribute_data, _JAX, purpose="leave batches to the step"),
-    *(
-        Hook(f"{_TORCH_TRAINER}.make_{kind}_function", _steps.wrap_make_function(kind), _TORCH,
-             purpose="the adapter's step")
-        for kind in ("train", "test", "predict")
-    ),
-    *(
-        Hook(f"{_TF_TRAINER}.make_{kind}_function", _steps.wrap_make_function(kind), _TF,
-             purpose="the adapter's step")
-        for kind in ("train", "test", "predict")
-    ),
     Hook(
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
         _steps.wrap_optimizer_apply,
@@ -290,6 +280,9 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    import keras
+
+    _steps.check_step_function_makers(keras.Model)
     for hook in hooks_for(backend_name()):
         patch(hook)
     _installed = True

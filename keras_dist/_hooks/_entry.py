@@ -13,7 +13,7 @@ import numpy as np
 
 from keras_dist import _context, _tf_data
 from keras_dist._communication import PeerWorkerError
-from keras_dist._hooks import _distributed_input, _files, _optimizers, _ps_fit, _sigterm
+from keras_dist._hooks import _distributed_input, _files, _optimizers, _ps_fit, _sigterm, _steps
 from keras_dist._context import model_strategy, remember_strategy
 from keras_dist._input import check_batched
 from keras_dist._worker_batches import worker_streams
@@ -31,7 +31,10 @@ ENTRY_POINTS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
 def wrap_trainer_init(original):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        remember_strategy(self, _context.current_strategy())
+        strategy = _context.current_strategy()
+        remember_strategy(self, strategy)
+        if strategy is not None:
+            _steps.install_step_functions(self)
 
     return __init__
 

@@ -28,15 +28,6 @@ SIGNATURES = {
     'keras.src.backend.jax.trainer:JAXTrainer.compute_loss_and_updates': {
         '(self, trainable_variables, non_trainable_variables, metrics_variables, x, y, sample_weight, training=False, optimizer_variables=None)': '3.10, 3.15, 3.16',
     },
-    'keras.src.backend.jax.trainer:JAXTrainer.make_predict_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.jax.trainer:JAXTrainer.make_test_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.jax.trainer:JAXTrainer.make_train_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
     'keras.src.backend.jax.trainer:_distribute_data': {
         '(data, layouts=None)': '3.10, 3.15',
         '(data, layouts=None, is_super_batch=False)': '3.16',
@@ -62,29 +53,11 @@ SIGNATURES = {
     'keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build': {
         '(self, iterator=None, data_batch=None)': '3.10, 3.15, 3.16',
     },
-    'keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_predict_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_test_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_train_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
     'keras.src.backend.torch.core:Variable._initialize': {
         '(self, value)': '3.10, 3.15, 3.16',
     },
     'keras.src.backend.torch.random:dropout': {
         '(inputs, rate, noise_shape=None, seed=None)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.torch.trainer:TorchTrainer.make_predict_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.torch.trainer:TorchTrainer.make_test_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
-    },
-    'keras.src.backend.torch.trainer:TorchTrainer.make_train_function': {
-        '(self, force=False)': '3.10, 3.15, 3.16',
     },
     'keras.src.backend:gru': {
         '(*args, **kwargs)': '3.10',

@@ -8,15 +8,12 @@ matching prefix; tests/test_hooks.py checks every hook has one.
 
 from __future__ import annotations
 
-_PLANNED = (
-    "planned public seam: set the model's step functions per instance at compile "
-    "(Keras' compile resets them and fit calls make_*_function without forcing)"
-)
 
 #: target prefix -> why no public seam serves it
 NO_PUBLIC_SEAM = {
     "keras.src.trainers.trainer:Trainer.__init__": (
-        "Keras has no public hook at model construction, where the strategy in scope is recorded"),
+        "Keras has no public hook at model construction, where the strategy in scope is recorded (and the "
+        "model given its own make_*_function, Keras' public seam for the step functions)"),
     "keras.src.trainers.trainer:Trainer.compile": (
         "compile has no public callback; an optimizer made outside the scope is adopted here"),
     "keras.src.models.model:Model.": (
@@ -58,10 +55,9 @@ NO_PUBLIC_SEAM = {
         "torch variables have no public seam where a new value can be taken from the chief"),
     "keras.src.layers.layer:Layer.": (
         "Keras has no variable partitioning: tf's sharded variables are listed by shard here"),
-    "keras.src.backend.jax.trainer:JAXTrainer.make_": _PLANNED,
-    "keras.src.backend.jax.trainer:_distribute_data": _PLANNED,
-    "keras.src.backend.torch.trainer:TorchTrainer.make_": _PLANNED,
-    "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_": _PLANNED,
+    "keras.src.backend.jax.trainer:_distribute_data": (
+        "Keras' JAX epoch iterator puts each whole batch on the default device (or keras.distribution's "
+        "layout) privately, before the step; keras_dist's step places each replica's rows itself"),
     "keras.src.optimizers.": (
         "optimizers have no public seam for gradients summed over replicas before clipping and the finite check"),
     "keras.src.backend.tensorflow.optimizer:TFOptimizer._all_reduce_sum_gradients": (

@@ -1,7 +1,8 @@
 """The distributed steps Keras' trainers run, asked of the backend adapter.
 
-`make_{train,test,predict}_function` (on each backend's trainer class) take
-`adapter.make_trainer_function`; around them, on JAX, batches are left to
+A model made under a strategy gets its own `make_{train,test,predict}_function`
+(`install_step_functions`, from the `Trainer.__init__` hook: no trainer
+class is patched), which take `adapter.make_trainer_function`; around them, on JAX, batches are left to
 the step, which places them; on TensorFlow, optimizers build their slots
 outside replica computation and a fully built model skips Keras' symbolic
 build (which pulls a batch from a fresh input iterator on every `fit`, and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 
 import keras
 from keras.src.backend.common.stateless_scope import in_stateless_scope
@@ -24,29 +26,65 @@ from keras_dist._context import model_strategy
 from keras_dist.backends import get_adapter
 
 
-def wrap_make_function(kind: str):
-    """Wrapper maker for `<Trainer>.make_{kind}_function`."""
+#: The public trainer methods a model under a strategy gets per instance.
+STEP_FUNCTION_MAKERS = tuple(f"make_{kind}_function" for kind in ("train", "test", "predict"))
+#: Their signature in every supported Keras (3.10-3.16), checked at install.
+STEP_FUNCTION_MAKER_SIGNATURE = "(self, force=False)"
+
+
+def check_step_function_makers(model_class) -> None:
+    """`model_class`'s `make_{train,test,predict}_function` take what the
+    per-instance ones do: a Keras that changed them fails at import, naming
+    the method, not mid-`fit`."""
+    import inspect
+
+    for name in STEP_FUNCTION_MAKERS:
+        found = str(inspect.signature(getattr(model_class, name)))
+        if found != STEP_FUNCTION_MAKER_SIGNATURE:
+            raise ImportError(
+                f"keras_dist sets {model_class.__name__}.{name} per model under a strategy, expecting "
+                f"{name}{STEP_FUNCTION_MAKER_SIGNATURE}, but Keras {keras.version()} has {name}{found}; this Keras "
+                "version is not supported by this keras_dist release."
+            )
+
+
+def install_step_functions(model) -> None:
+    """Gives `model` (made under a strategy) its own `make_train_function`,
+    `make_test_function` and `make_predict_function`, which make the
+    adapter's distributed step: Keras' public seam (`compile` resets the
+    step functions, and `fit`/`evaluate`/`predict` call these without
+    forcing), per instance, so no Keras trainer class is patched and a model
+    made outside every strategy is plain Keras. A model class that defines
+    one of them itself keeps its own."""
+    for name in STEP_FUNCTION_MAKERS:
+        keras_own = getattr(keras.Model, name)
+        if getattr(type(model), name) is not keras_own:  # the user's class overrides it: theirs
+            continue
+        object.__setattr__(model, name, types.MethodType(_step_function_maker(name[5:-9], keras_own), model))
+
+
+def _step_function_maker(kind: str, keras_own):
     attribute = f"{kind}_function"
 
-    def make(original):
-        def make_function(self, force=False):
-            strategy = model_strategy(self)
-            if strategy is None:
-                return original(self, force)
-            if getattr(self, attribute) is not None and not force:
-                return getattr(self, attribute)
-            function = get_adapter().make_trainer_function(self, strategy, kind)
-            if function is None:  # Keras' own step (JAX: eager or un-jitted; TF: a ps job's evaluate, predict)
-                original(self, force)
-                function = _in_keras_step(getattr(self, attribute))
-            if strategy.extended.num_workers > 1:
-                function = _combining_worker_streams(function, kind)
-            setattr(self, attribute, function)
-            return function
+    def make_function(self, force=False):
+        strategy = model_strategy(self)
+        if strategy is None:
+            return keras_own(self, force)
+        if getattr(self, attribute) is not None and not force:
+            return getattr(self, attribute)
+        function = get_adapter().make_trainer_function(self, strategy, kind)
+        if function is None:  # Keras' own step (JAX: eager or un-jitted; TF: a ps job's evaluate, predict)
+            keras_own(self, force)
+            function = _in_keras_step(getattr(self, attribute))
+        if strategy.extended.num_workers > 1:
+            function = _combining_worker_streams(function, kind)
+        setattr(self, attribute, function)
+        return function
 
-        return make_function
-
-    return make
+    make_function.__name__ = f"make_{kind}_function"
+    make_function.__doc__ = f"keras_dist: the strategy's distributed {kind} step (Keras' own `{make_function.__name__}` " \
+                            "where the adapter runs Keras' step)."
+    return make_function
 
 
 #: How many of Keras' own step functions are running (process-wide: tf's

@@ -158,6 +158,9 @@ def distributed():
     with strategy.scope():  # unseeded workers, in effect: each its own seed; the chief's values win
         model = make_model(seed=7 + index)
     history, evaluated, predicted, weights = fit_evaluate_predict(model)
+    # Keras 3.16 wraps a model in its own DDP where torch.distributed is up:
+    # under keras_dist's step it must not (gradients reduced twice)
+    keras_ddp = repr(getattr(model, "ddp_model", "absent (Keras before 3.16)"))
     shares = {phase: rows_seen.pop(phase, 0) for phase in ("evaluate", "predict")}
     with strategy.scope():
         loop_model = make_model()
@@ -165,7 +168,7 @@ def distributed():
     loop_losses, loop_metric, gathered, loop_weights = custom_loop(loop_model, strategy)
     return {
         "history": history, "evaluated": evaluated, "predicted": predicted, "weights": weights, "shares": shares,
-        "loop": (loop_losses, loop_metric, gathered, loop_weights), "probes": probes(strategy),
+        "loop": (loop_losses, loop_metric, gathered, loop_weights), "probes": probes(strategy), "keras_ddp": keras_ddp,
     }
 
 
@@ -201,6 +204,7 @@ def compared(run):
         "probes": run["probes"],
         "reference_two_output_logs": reference_probes["two_output_logs"],
         "torch": torch.__version__,
+        "keras_ddp": run["keras_ddp"],
     }
 
 
@@ -210,9 +214,15 @@ if len(sys.argv) > 3:  # the liveness battery: each hook reverted alone, the sam
 
     result["reverted"] = {}
     for target in sys.argv[3].split(","):
-        owner, name = _hooks.resolve(target)
-        live = getattr(owner, name)
-        setattr(owner, name, _hooks.ORIGINALS[target])
+        if target == "keras_dist:install_step_functions":  # not a hook: the per-instance step function makers
+            from keras_dist._hooks import _steps as owner
+
+            name, live = "install_step_functions", owner.install_step_functions
+            owner.install_step_functions = lambda model: None
+        else:
+            owner, name = _hooks.resolve(target)
+            live = getattr(owner, name)
+            setattr(owner, name, _hooks.ORIGINALS[target])
         try:
             result["reverted"][target] = compared(distributed())
         except Exception as error:  # noqa: BLE001 - every worker fails alike: the outcome

@@ -575,9 +575,11 @@ def test_a_tf_data_dataset_made_and_iterated_on_each_worker(one_one):
 def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_cluster, monkeypatch):
     from keras_dist.backends.jax._ray_actors import ParameterServerError
 
-    # 10 s, not less: under make test's load a healthy ps's first answer
-    # (its first update compiles) took over 3 s once (CI, 985a215)
-    monkeypatch.setenv("KERAS_DIST_PS_TIMEOUT", "10")
+    # 20 s, not less: under make test's load a healthy ps's first answer
+    # (its first update compiles) took over 3 s once (CI, 985a215), and
+    # over 10 s on a loaded 2-core machine (a clean make test beside other
+    # jobs, 058e9b6)
+    monkeypatch.setenv("KERAS_DIST_PS_TIMEOUT", "20")
     strategy, coordinator = make_cluster(1, 1)
     cluster = _cluster(strategy)
     with strategy.scope():
@@ -587,12 +589,12 @@ def test_a_ps_that_does_not_answer_is_a_clear_error_within_the_timeout(make_clus
     batch = _batches(*_task(32), 32)[0]
     coordinator.schedule(step, args=(iter([batch]),))
     coordinator.join()
-    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(30))  # the ps hangs (alive, busy)
+    cluster.ps[0].__ray_call__.remote(lambda ps: time.sleep(60))  # the ps hangs (alive, busy)
     start = time.monotonic()
     coordinator.schedule(step, args=(iter([batch]),))
-    with pytest.raises(ParameterServerError, match="did not answer within 10.0 s"):
+    with pytest.raises(ParameterServerError, match="did not answer within 20.0 s"):
         coordinator.join()
-    assert time.monotonic() - start < 28  # before the ps answers again
+    assert time.monotonic() - start < 55  # before the ps answers again
 
 
 def test_a_model_compiled_after_a_custom_loop_used_it_trains_with_fit_s_step(one_one):

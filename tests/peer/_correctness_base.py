@@ -322,10 +322,10 @@ def compare_results(results_with_ds, results_without_ds, distribution, partial_l
         )
 
 
-def fit_eval_and_predict_in_float64(initial_weights, input_fn, model_fn, is_stateful_model=False):
-    """`fit_eval_and_predict` of the one-device run with every variable and
-    computation in float64 (Keras' floatx): the exact math the float32 runs
-    approximate."""
+def fit_eval_and_predict_in_float64(initial_weights, input_fn, model_fn, is_stateful_model=False, distribution=None):
+    """`fit_eval_and_predict` of the one-device run (or `distribution`'s)
+    with every variable and computation in float64 (Keras' floatx): the
+    exact math the float32 runs approximate."""
     previous, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
     keras.config.set_dtype_policy("float64")
@@ -337,7 +337,8 @@ def fit_eval_and_predict_in_float64(initial_weights, input_fn, model_fn, is_stat
     try:
         x64.__enter__()
         weights = [np.asarray(w, dtype="float64") for w in initial_weights]
-        results = fit_eval_and_predict(weights, input_fn, model_fn, distribution=None, is_stateful_model=is_stateful_model)
+        results = fit_eval_and_predict(weights, input_fn, model_fn, distribution=distribution,
+                                       is_stateful_model=is_stateful_model)
     finally:
         x64.__exit__(None, None, None)
         keras.config.set_floatx(previous)
@@ -352,29 +353,63 @@ def fit_eval_and_predict_in_float64(initial_weights, input_fn, model_fn, is_stat
 FLOAT64_FACTOR = 2.0
 
 
-def compare_against_float64(results_with_ds, results_without_ds, reference, partial_last_batch, strict):
-    """Each result of the distributed run is within FLOAT64_FACTOR times one
-    float32 device's own distance from the float64 run (largest element per
-    result), plus 1e-6; `strict` (tf's own comparison's failure) is shown
-    with any miss."""
-    runs = [copy.deepcopy(r) for r in (results_with_ds, results_without_ds, reference)]
+def compare_against_float64(results_with_ds, singles, reference, partial_last_batch, strict):
+    """Each result of the distributed run is within FLOAT64_FACTOR times the
+    farthest of the one-float32-device runs `singles` from the float64 run
+    (largest element per result), plus 1e-6; `strict` (tf's own
+    comparison's failure) is shown with any miss."""
+    runs = [copy.deepcopy(r) for r in (results_with_ds, reference, *singles)]
     for results in runs:
         for key in results:
             if partial_last_batch is not None and key.startswith("eval_result"):
                 results[key] = results[key][1:]
             if partial_last_batch is not None and key.startswith("training_history"):
                 results[key]["val_loss"] = 0
-    distributed, single, exact = runs
+    distributed, exact, *float32 = runs
+
+    def far(run, key):
+        return max((float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(c, "float64"))))
+                    for a, c in zip(keras.tree.flatten(run[key]), keras.tree.flatten(exact[key]))), default=0.0)
+
     for key in sorted(exact):
-        leaves = [keras.tree.flatten(r[key]) for r in (distributed, single, exact)]
-        far_distributed = max((float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(c, "float64"))))
-                               for a, c in zip(leaves[0], leaves[2])), default=0.0)
-        far_single = max((float(np.max(np.abs(np.asarray(b, "float64") - np.asarray(c, "float64"))))
-                          for b, c in zip(leaves[1], leaves[2])), default=0.0)
-        assert far_distributed <= FLOAT64_FACTOR * far_single + 1e-6, (
+        far_distributed = far(distributed, key)
+        far_singles = [far(single, key) for single in float32]
+        assert far_distributed <= FLOAT64_FACTOR * max(far_singles) + 1e-6, (
             f"{key}: the distributed run is {far_distributed:.3g} from float64, one float32 device "
-            f"{far_single:.3g} (tf's tolerance was missed too: {strict})"
+            + ", ".join(f"{f:.3g}" for f in far_singles) + f" in {len(far_singles)} row orders "
+            f"(tf's tolerance was missed too: {strict})"
         )
+
+
+def compare_in_float64(distributed, reference, partial_last_batch, amplified):
+    """The distributed run in float64 equals the one-device float64 run to
+    float64 round-off, amplified as float32's was (`FLOAT64_SAME_MATH`
+    relative to each result's scale): the same math, shown where float32
+    cannot show it. `amplified` (the float32 comparison's miss) is shown
+    with any miss."""
+    runs = [copy.deepcopy(r) for r in (distributed, reference)]
+    for results in runs:
+        for key in results:
+            if partial_last_batch is not None and key.startswith("eval_result"):
+                results[key] = results[key][1:]
+            if partial_last_batch is not None and key.startswith("training_history"):
+                results[key]["val_loss"] = 0
+    for key in sorted(runs[1]):
+        pairs = list(zip(keras.tree.flatten(runs[0][key]), keras.tree.flatten(runs[1][key])))
+        gap = max((float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")))) for a, b in pairs),
+                  default=0.0)
+        scale = max((float(np.max(np.abs(np.asarray(b, "float64")))) for _, b in pairs), default=0.0)
+        assert gap <= FLOAT64_SAME_MATH * (1.0 + scale), (
+            f"{key}: in float64 the distributed run is {gap:.3g} from one device's (scale {scale:.3g}); "
+            f"in float32: {amplified}"
+        )
+
+
+#: Where the float32 runs part at a discontinuity (a ReLU pre-activation
+#: within round-off of zero falls on different sides in the two runs), the
+#: same runs in float64: float64 round-off (1e-16) amplified as float32's
+#: was (x20 in one step, measured) stays far below this.
+FLOAT64_SAME_MATH = 1e-9
 
 
 class LearningRateBatchScheduler(keras.callbacks.Callback):
@@ -492,7 +527,22 @@ class TestDistributionStrategyCorrectnessBase:
                     model_fn=self.get_model,
                     is_stateful_model=is_stateful_model,
                 )
-                compare_against_float64(results_with_ds, results_without_ds, reference, partial_last_batch, strict)
+                try:
+                    compare_against_float64(results_with_ds, [results_without_ds], reference, partial_last_batch,
+                                            strict)
+                except AssertionError as amplified:
+                    # The float32 runs parted at a discontinuity (the DNN
+                    # model at XLA -O0, tests/peer/README.md: their gap at
+                    # round-off for 297 steps, x20 in step 298): the same
+                    # runs in float64 show whether the math is the same.
+                    distributed64 = fit_eval_and_predict_in_float64(
+                        initial_weights,
+                        input_fn=functools.partial(input_fn, with_distribution=distribution),
+                        model_fn=self.get_model,
+                        is_stateful_model=is_stateful_model,
+                        distribution=distribution,
+                    )
+                    compare_in_float64(distributed64, reference, partial_last_batch, amplified)
 
 
     def get_input_for_dynamic_lr_test(self, **kwargs):

@@ -353,31 +353,35 @@ def fit_eval_and_predict_in_float64(initial_weights, input_fn, model_fn, is_stat
 FLOAT64_FACTOR = 2.0
 
 
-def compare_against_float64(results_with_ds, singles, reference, partial_last_batch, strict):
-    """Each result of the distributed run is within FLOAT64_FACTOR times the
-    farthest of the one-float32-device runs `singles` from the float64 run
-    (largest element per result), plus 1e-6; `strict` (tf's own
-    comparison's failure) is shown with any miss."""
-    runs = [copy.deepcopy(r) for r in (results_with_ds, reference, *singles)]
+def _comparable(runs, partial_last_batch):
+    """Deep copies of `runs` without what a partial last batch makes differ
+    (as `compare_results` leaves them out)."""
+    runs = [copy.deepcopy(r) for r in runs]
     for results in runs:
         for key in results:
             if partial_last_batch is not None and key.startswith("eval_result"):
                 results[key] = results[key][1:]
             if partial_last_batch is not None and key.startswith("training_history"):
                 results[key]["val_loss"] = 0
-    distributed, exact, *float32 = runs
+    return runs
 
-    def far(run, key):
-        return max((float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(c, "float64"))))
-                    for a, c in zip(keras.tree.flatten(run[key]), keras.tree.flatten(exact[key]))), default=0.0)
 
+def _largest_gap(a, b) -> float:
+    return max((float(np.max(np.abs(np.asarray(x, "float64") - np.asarray(y, "float64"))))
+                for x, y in zip(keras.tree.flatten(a), keras.tree.flatten(b))), default=0.0)
+
+
+def compare_against_float64(results_with_ds, results_without_ds, reference, partial_last_batch, strict):
+    """Each result of the distributed run is within FLOAT64_FACTOR times one
+    float32 device's own distance from the float64 run (largest element per
+    result), plus 1e-6; `strict` (tf's own comparison's failure) is shown
+    with any miss."""
+    distributed, single, exact = _comparable((results_with_ds, results_without_ds, reference), partial_last_batch)
     for key in sorted(exact):
-        far_distributed = far(distributed, key)
-        far_singles = [far(single, key) for single in float32]
-        assert far_distributed <= FLOAT64_FACTOR * max(far_singles) + 1e-6, (
+        far_distributed, far_single = _largest_gap(distributed[key], exact[key]), _largest_gap(single[key], exact[key])
+        assert far_distributed <= FLOAT64_FACTOR * far_single + 1e-6, (
             f"{key}: the distributed run is {far_distributed:.3g} from float64, one float32 device "
-            + ", ".join(f"{f:.3g}" for f in far_singles) + f" in {len(far_singles)} row orders "
-            f"(tf's tolerance was missed too: {strict})"
+            f"{far_single:.3g} (tf's tolerance was missed too: {strict})"
         )
 
 
@@ -387,18 +391,11 @@ def compare_in_float64(distributed, reference, partial_last_batch, amplified):
     relative to each result's scale): the same math, shown where float32
     cannot show it. `amplified` (the float32 comparison's miss) is shown
     with any miss."""
-    runs = [copy.deepcopy(r) for r in (distributed, reference)]
-    for results in runs:
-        for key in results:
-            if partial_last_batch is not None and key.startswith("eval_result"):
-                results[key] = results[key][1:]
-            if partial_last_batch is not None and key.startswith("training_history"):
-                results[key]["val_loss"] = 0
-    for key in sorted(runs[1]):
-        pairs = list(zip(keras.tree.flatten(runs[0][key]), keras.tree.flatten(runs[1][key])))
-        gap = max((float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")))) for a, b in pairs),
-                  default=0.0)
-        scale = max((float(np.max(np.abs(np.asarray(b, "float64")))) for _, b in pairs), default=0.0)
+    distributed, exact = _comparable((distributed, reference), partial_last_batch)
+    for key in sorted(exact):
+        gap = _largest_gap(distributed[key], exact[key])
+        scale = max((float(np.max(np.abs(np.asarray(v, "float64")))) for v in keras.tree.flatten(exact[key])),
+                    default=0.0)
         assert gap <= FLOAT64_SAME_MATH * (1.0 + scale), (
             f"{key}: in float64 the distributed run is {gap:.3g} from one device's (scale {scale:.3g}); "
             f"in float32: {amplified}"
@@ -521,28 +518,21 @@ class TestDistributionStrategyCorrectnessBase:
                 # Not the port: where tf's tolerance is missed (round-off
                 # amplified over hundreds of steps; it depends on the CPU's
                 # kernels), both runs are held to the exact math instead.
-                reference = fit_eval_and_predict_in_float64(
-                    initial_weights,
-                    input_fn=functools.partial(input_fn, with_distribution=None),
-                    model_fn=self.get_model,
-                    is_stateful_model=is_stateful_model,
-                )
+                def in_float64(strategy):
+                    return fit_eval_and_predict_in_float64(
+                        initial_weights, input_fn=functools.partial(input_fn, with_distribution=strategy),
+                        model_fn=self.get_model, is_stateful_model=is_stateful_model, distribution=strategy,
+                    )
+
+                reference = in_float64(None)
                 try:
-                    compare_against_float64(results_with_ds, [results_without_ds], reference, partial_last_batch,
-                                            strict)
+                    compare_against_float64(results_with_ds, results_without_ds, reference, partial_last_batch, strict)
                 except AssertionError as amplified:
                     # The float32 runs parted at a discontinuity (the DNN
                     # model at XLA -O0, tests/peer/README.md: their gap at
                     # round-off for 297 steps, x20 in step 298): the same
                     # runs in float64 show whether the math is the same.
-                    distributed64 = fit_eval_and_predict_in_float64(
-                        initial_weights,
-                        input_fn=functools.partial(input_fn, with_distribution=distribution),
-                        model_fn=self.get_model,
-                        is_stateful_model=is_stateful_model,
-                        distribution=distribution,
-                    )
-                    compare_in_float64(distributed64, reference, partial_last_batch, amplified)
+                    compare_in_float64(in_float64(distribution), reference, partial_last_batch, amplified)
 
 
     def get_input_for_dynamic_lr_test(self, **kwargs):

@@ -484,3 +484,37 @@ def test_torchrun_s_failure_summary_shows_the_root_cause(tmp_path):
     summary = done.stderr[done.stderr.rfind("Root Cause"):]
     assert "error_file: <N/A>" not in summary, summary
     assert "ValueError: bad row 7 on this worker" in summary and "fails.py" in summary, summary
+
+
+#: The torch collectives each step makes on 2 processes (issue #50 counts
+#: them down to one per training step): a step that grows one fails here.
+#: fit: the same-batch fingerprint, the packed gradient sum, the metrics'
+#: variables; with BatchNormalization its global moments too (a mean and a
+#: variance forward, their gradients backward). evaluate: the fingerprint
+#: and the metrics. predict: the fingerprint, then every process's rows
+#: (their shapes, their values).
+COLLECTIVES_PER_STEP = {
+    "mlp": {"fit": {"all_reduce": 3.0}, "evaluate": {"all_reduce": 2.0}, "predict": {"all_gather": 2.0, "all_reduce": 1.0}},
+    "batchnorm": {"fit": {"all_reduce": 7.0}, "evaluate": {"all_reduce": 2.0},
+                  "predict": {"all_gather": 2.0, "all_reduce": 1.0}},
+}
+
+
+@pytest.mark.starts_processes
+def test_the_collectives_each_step_makes_are_counted(tmp_path):
+    """Every torch.distributed collective per fit, evaluate and predict step
+    on 2 processes (tests/workers/mw_torch_collectives.py), by kind."""
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_dist.launch", "-n", "2", "--backend", "torch", "--max-time", "240",
+         os.path.join(HERE, "workers", "mw_torch_collectives.py"), str(tmp_path)],
+        env=dict(os.environ, KERAS_BACKEND="torch"), capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for worker in range(2):
+        report = json.load(open(tmp_path / f"worker{worker}.json"))
+        # count metrics' logs as one device's (Keras 3.16's torch trainer
+        # summed the already global metric variables over the processes again)
+        for call, (distributed, plain) in report.pop("counts").items():
+            for key in ("tp", "fn"):
+                assert np.allclose(distributed[key], plain[key]) and np.all(np.asarray(plain[key]) > 0), (call, key)
+        assert report == COLLECTIVES_PER_STEP

@@ -18,6 +18,7 @@ Keras' own step is the one-device math: `make_trainer_function` is None.
 from __future__ import annotations
 
 import contextlib
+import types
 
 import keras
 import numpy as np
@@ -182,7 +183,26 @@ def make_trainer_function(model, strategy, kind: str):
         )
     if kind == "predict":
         return TorchPredict(model, engine)
+    _read_metrics_once(model)
     return TorchStep(model, engine, kind)
+
+
+def _read_metrics_once(model) -> None:
+    """Keras 3.16's torch trainer sums every metric variable over the
+    processes in `get_metrics_result` wherever torch.distributed is up (one
+    all_reduce per variable, every step: for its own DDP). Under keras_dist's
+    step the variables already hold the global batch's (combined by their
+    aggregation), so that sum would count them once per process: a
+    `TruePositives` or `Sum` metric N times (a mean's ratio hides it), and 12
+    collectives a step more for three metrics. The model reads them as
+    Keras' generic trainer does: its own `get_metrics_result`, per instance
+    (the method the torch trainer's overrides, found in `keras.Model`'s MRO;
+    before 3.16 there is none and nothing changes). A model class that
+    defines its own keeps it."""
+    owners = [klass for klass in keras.Model.__mro__ if "get_metrics_result" in vars(klass)]
+    if len(owners) < 2 or type(model).get_metrics_result is not keras.Model.get_metrics_result:
+        return
+    object.__setattr__(model, "get_metrics_result", types.MethodType(vars(owners[1])["get_metrics_result"], model))
 
 
 def global_moments(inputs, axes, mask):

@@ -1,0 +1,116 @@
+"""A worker of the torch backend's collective-count job (issue #50): every
+`torch.distributed` collective a `fit` step, an `evaluate` step and a
+`predict` step make, counted by kind.
+
+argv: OUT_DIR. Each of `fit`, `evaluate`, `predict` runs twice, over 4 and
+then 8 batches of a global batch of 16 (an MLP with metrics, and the same
+with BatchNormalization): a kind's count per step is the difference over
+the 4 extra batches, so what a call makes once (its set-up, its epoch's
+logs) is left out. Then count metrics (`TruePositives`), whose logs a
+second sum over the processes would double, against one device's. Writes
+OUT_DIR/worker<i>.json.
+"""
+
+import collections
+import json
+import os
+import sys
+
+out_dir = sys.argv[1]
+
+import numpy as np  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import keras  # noqa: E402
+
+import keras_dist  # noqa: E402
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+               "broadcast_object_list", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "barrier",
+               "gather", "scatter", "reduce", "send", "recv")
+calls = collections.Counter()
+
+
+def counting(name, function):
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return function(*args, **kwargs)
+
+    return counted
+
+
+for name in COLLECTIVES:
+    if hasattr(dist, name):
+        setattr(dist, name, counting(name, getattr(dist, name)))
+
+strategy = keras_dist.MultiWorkerMirroredStrategy(
+    communication_options=keras_dist.CommunicationOptions(timeout_seconds=60)
+)
+index = strategy.cluster_resolver.task_id
+rng = np.random.RandomState(0)
+x = rng.randn(128, 6).astype("float32")
+y = (x @ rng.randn(6, 1)).astype("float32")
+
+
+def make(batch_norm):
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((6,)), keras.layers.Dense(8, activation="tanh")]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization())
+    model = keras.Sequential(layers + [keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae", keras.metrics.RootMeanSquaredError()])
+    return model
+
+
+def per_step(call):
+    """The collectives `call(batches)` makes per batch beyond its fixed ones."""
+    calls.clear()
+    call(4)
+    four = collections.Counter(calls)
+    calls.clear()
+    call(8)
+    eight = collections.Counter(calls)
+    return {name: (eight[name] - four[name]) / 4 for name in sorted(set(four) | set(eight)) if eight[name] != four[name]}
+
+
+report = {}
+for name, batch_norm in (("mlp", False), ("batchnorm", True)):
+    with strategy.scope():
+        model = make(batch_norm)
+    model.fit(x[:32], y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)  # built, steps made
+    report[name] = {
+        "fit": per_step(lambda n: model.fit(x[:16 * n], y[:16 * n], batch_size=16, epochs=1, shuffle=False, verbose=0)),
+        "evaluate": per_step(lambda n: model.evaluate(x[:16 * n], y[:16 * n], batch_size=16, verbose=0)),
+        "predict": per_step(lambda n: model.predict(x[:16 * n], batch_size=16, verbose=0)),
+    }
+# A count metric, which a second sum over the processes would double (a
+# mean's ratio hides one): its logs against one device's, same weights.
+labels = (y > 0).astype("float32")
+
+
+def counting_model():
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
+    counts = [keras.metrics.TruePositives(name="tp"), keras.metrics.FalseNegatives(name="fn")]
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", metrics=counts)
+    return model, counts
+
+
+def read(counts):
+    """The metrics' own results (a one-device model's logs would be summed
+    over the processes by Keras 3.16 itself, torch.distributed being up)."""
+    return {metric.name: [float(keras.ops.convert_to_numpy(metric.result()))] for metric in counts}
+
+
+with strategy.scope():
+    distributed, _ = counting_model()
+plain, plain_counts = counting_model()
+fit_logs = distributed.fit(x, labels, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+plain.fit(x, labels, batch_size=16, epochs=1, shuffle=False, verbose=0)
+fit_reference = read(plain_counts)
+evaluate_logs = distributed.evaluate(x, labels, batch_size=16, verbose=0, return_dict=True)
+plain.evaluate(x, labels, batch_size=16, verbose=0)
+report["counts"] = {"fit": [fit_logs, fit_reference], "evaluate": [evaluate_logs, read(plain_counts)]}
+os.makedirs(out_dir, exist_ok=True)
+with open(os.path.join(out_dir, f"worker{index}.json.tmp"), "w") as handle:
+    json.dump(report, handle)
+os.replace(os.path.join(out_dir, f"worker{index}.json.tmp"), os.path.join(out_dir, f"worker{index}.json"))

@@ -165,3 +165,17 @@ def sharded_dense():
     kernel = layer.kernel.numpy()
     layer.kernel._value = _KerasShardedVariable([tf.Variable(kernel[:3]), tf.Variable(kernel[3:])], True, "kernel")
     return layer, kernel
+
+
+def orbax_checkpoint(directory):
+    """`keras.callbacks.OrbaxCheckpoint(directory)`; where orbax-checkpoint
+    is not installed (it brings jax: TensorFlow- and torch-only venvs), an
+    instance made without Keras' `__init__` (which needs orbax), enough for
+    keras_dist's refusal, which reads only its class and directory."""
+    try:
+        import orbax.checkpoint  # noqa: F401
+    except ImportError:
+        checkpoint = keras.callbacks.OrbaxCheckpoint.__new__(keras.callbacks.OrbaxCheckpoint)
+        checkpoint.directory = directory
+        return checkpoint
+    return keras.callbacks.OrbaxCheckpoint(directory)

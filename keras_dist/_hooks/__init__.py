@@ -41,7 +41,6 @@ _MODEL = "keras.src.models.model:Model"
 _LOSS = "keras.src.losses"
 _JAX_TRAINER = "keras.src.backend.jax.trainer"
 _TF_TRAINER = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer"
-_TORCH_TRAINER = "keras.src.backend.torch.trainer:TorchTrainer"
 _JAX, _TF, _TORCH = ("jax",), ("tensorflow",), ("torch",)
 
 HOOKS: tuple = (

@@ -121,6 +121,15 @@ def wrap_compile(original):
     return compile
 
 
+def _arguments(signature, model, args, kwargs):
+    """A call's arguments by name; None where the call does not bind (Keras
+    reports the bad call itself)."""
+    try:
+        return signature.bind(model, *args, **kwargs).arguments
+    except TypeError:
+        return None
+
+
 def _check_no_dataset_creator(name, signature, model, args, kwargs):
     """A `DatasetCreator` only a model of a ParameterServerStrategy takes;
     plain Keras says "Unrecognized data type" of it."""
@@ -128,27 +137,13 @@ def _check_no_dataset_creator(name, signature, model, args, kwargs):
 
     if name != "fit":
         return
-    try:
-        x = signature.bind(model, *args, **kwargs).arguments.get("x")
-    except TypeError:
-        return  # Keras' own error
-    if isinstance(x, DatasetCreator):
+    arguments = _arguments(signature, model, args, kwargs)
+    if arguments is not None and isinstance(arguments.get("x"), DatasetCreator):
         raise ValueError(
             "fit got a keras_dist DatasetCreator, which a model takes only under a "
             "ParameterServerStrategy, but this model was created outside any strategy "
             "scope. Create and compile it inside `with strategy.scope():`."
         )
-
-
-def _bound_callbacks(signature, model, args, kwargs):
-    """The `callbacks` argument of a call (None where the call does not bind:
-    Keras reports that)."""
-    if "callbacks" not in signature.parameters:
-        return None
-    try:
-        return signature.bind(model, *args, **kwargs).arguments.get("callbacks")
-    except TypeError:
-        return None
 
 
 def wrap_entry(name: str):
@@ -165,15 +160,13 @@ def wrap_entry(name: str):
                 _check_no_dataset_creator(name, signature, self, args, kwargs)
                 args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, None, self, args, kwargs)
                 return original(self, *args, **kwargs)
-            _files.check_orbax_checkpoint(_bound_callbacks(signature, self, args, kwargs), strategy, name)
+            _files.check_orbax_checkpoint((_arguments(signature, self, args, kwargs) or {}).get("callbacks"),
+                                          strategy, name)
             if _ps_fit.is_parameter_server(strategy) and name in ("fit", "train_on_batch"):
                 return _parameter_server_fit(self, strategy, name, signature, args, kwargs)
             args, kwargs = _distributed_input.replace_distributed_datasets(name, signature, strategy, self, args, kwargs)
             if batch_arguments:
-                try:
-                    bound = signature.bind(self, *args, **kwargs).arguments
-                except TypeError:
-                    bound = {}  # let Keras report the bad call
+                bound = _arguments(signature, self, args, kwargs) or {}  # a bad call: Keras reports it
                 for argument in batch_arguments:
                     validate_batch_size(bound.get(argument), argument)
                 for argument in ("x", "validation_data"):
@@ -248,9 +241,8 @@ def _check_same_call_on_every_worker(name, signature, strategy, model, args, kwa
     steps, then fail or wait at a step the others never reach."""
     if strategy.extended.num_workers < 2:
         return
-    try:
-        bound = signature.bind(model, *args, **kwargs).arguments
-    except TypeError:
+    bound = _arguments(signature, model, args, kwargs)
+    if bound is None:
         return  # Keras reports the bad call
     names = _SAME_ON_EVERY_WORKER[name]
     own = np.array([

@@ -26,8 +26,10 @@ from keras_dist._context import model_strategy
 from keras_dist.backends import get_adapter
 
 
-#: The public trainer methods a model under a strategy gets per instance.
-STEP_FUNCTION_MAKERS = tuple(f"make_{kind}_function" for kind in ("train", "test", "predict"))
+#: The steps whose public maker (`make_{kind}_function`) a model under a
+#: strategy gets per instance.
+STEP_KINDS = ("train", "test", "predict")
+STEP_FUNCTION_MAKERS = tuple(f"make_{kind}_function" for kind in STEP_KINDS)
 #: Their signature in every supported Keras (3.10-3.16), checked at install.
 STEP_FUNCTION_MAKER_SIGNATURE = "(self, force=False)"
 
@@ -56,11 +58,11 @@ def install_step_functions(model) -> None:
     forcing), per instance, so no Keras trainer class is patched and a model
     made outside every strategy is plain Keras. A model class that defines
     one of them itself keeps its own."""
-    for name in STEP_FUNCTION_MAKERS:
+    for kind, name in zip(STEP_KINDS, STEP_FUNCTION_MAKERS):
         keras_own = getattr(keras.Model, name)
         if getattr(type(model), name) is not keras_own:  # the user's class overrides it: theirs
             continue
-        object.__setattr__(model, name, types.MethodType(_step_function_maker(name[5:-9], keras_own), model))
+        object.__setattr__(model, name, types.MethodType(_step_function_maker(kind, keras_own), model))
 
 
 def _step_function_maker(kind: str, keras_own):

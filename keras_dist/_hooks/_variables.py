@@ -25,8 +25,7 @@ def wrap_scalar_conversion(convert):
 
     def wrap(original):
         def conversion(self):
-            value = self.value
-            if self.ndim > 0 or hasattr(type(value), f"__{convert.__name__}__"):
+            if self.ndim > 0 or hasattr(type(self.value), f"__{convert.__name__}__"):
                 return original(self)
             return convert(self.numpy())
 

@@ -115,14 +115,11 @@ if keras.config.backend() == "torch":
 # keras.callbacks.OrbaxCheckpoint (Keras >= 3.13): every worker would write
 # its own checkpoint into one directory; one clear error before any step.
 if hasattr(keras.callbacks, "OrbaxCheckpoint"):
-    orbax_dir = os.path.join(out_dir, "orbax")
-    try:
-        import orbax.checkpoint  # noqa: F401  (with JAX's extra; it brings jax)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/, for _helpers
+    from _helpers import orbax_checkpoint as make_orbax_checkpoint
 
-        orbax_checkpoint = keras.callbacks.OrbaxCheckpoint(orbax_dir)
-    except ImportError:  # a TensorFlow- or torch-only venv: Keras' __init__ needs orbax; the check reads the class
-        orbax_checkpoint = keras.callbacks.OrbaxCheckpoint.__new__(keras.callbacks.OrbaxCheckpoint)
-        orbax_checkpoint.directory = orbax_dir
+    orbax_dir = os.path.join(out_dir, "orbax")
+    orbax_checkpoint = make_orbax_checkpoint(orbax_dir)
     before = model.get_weights()
     report["orbax"] = outcome(lambda: model.fit(features, targets, batch_size=16, epochs=1, shuffle=False, verbose=0,
                                                 callbacks=[orbax_checkpoint]))

@@ -273,13 +273,10 @@ for mode, steps in JOBS:
             ),
         }
         if hasattr(keras.callbacks, "OrbaxCheckpoint"):  # Keras >= 3.13
-            try:
-                import orbax.checkpoint  # noqa: F401  (JAX's [orbax] extra; it brings jax)
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests/, for _helpers
+            from _helpers import orbax_checkpoint as make_orbax_checkpoint
 
-                orbax_checkpoint = keras.callbacks.OrbaxCheckpoint(f"{OUT}.orbax")
-            except ImportError:  # TensorFlow-only: Keras' __init__ needs orbax; the check reads the class
-                orbax_checkpoint = keras.callbacks.OrbaxCheckpoint.__new__(keras.callbacks.OrbaxCheckpoint)
-                orbax_checkpoint.directory = f"{OUT}.orbax"
+            orbax_checkpoint = make_orbax_checkpoint(f"{OUT}.orbax")
             cases["OrbaxCheckpoint"] = lambda: model.fit(dataset_fn, steps_per_epoch=2, callbacks=[orbax_checkpoint])
         for name, call in cases.items():
             try:

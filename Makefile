@@ -18,7 +18,7 @@ KERAS_NIGHTLY_DIR := .venv-keras-nightly
 PYTEST := $(PY) -m pytest -q -rs
 export TF_CPP_MIN_LOG_LEVEL ?= 3
 
-.PHONY: test-extended install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-with-orbax test-tensorflow-in-process-late \
+.PHONY: test-extended test-ray install install-jax install-tensorflow demo test test-tensorflow-in-process test-tensorflow-with-orbax test-tensorflow-in-process-late \
 	test-tensorflow-processes \
 	test-quick durations test-jax test-jax-in-process test-jax-processes test-jax-with-tensorflow test-tensorflow \
 	test-tensorflow-processes-late test-keras-min test-keras-min-jax \
@@ -217,7 +217,7 @@ durations:
 # input or TensorBoard on JAX) are skipped here, naming the next target.
 JAX_TESTS = $(call DURATIONS_FILE,jax$(1)) $(call JAX_TEST_CACHE,jax$(1)) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
 	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=15 \
-	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not bench and not extended$(2)" \
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax$(1) -m "not stress and not faults and not bench and not extended and not ray$(2)" \
 	  --zoo-sample=sample tests
 
 test-jax: test-jax-in-process test-jax-processes
@@ -232,7 +232,7 @@ test-jax-processes: install-jax
 test-jax-with-tensorflow: install
 	$(call DURATIONS_FILE,jax-with-tensorflow) $(call JAX_TEST_CACHE,mixed) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
 	  $(PYTEST) --durations=10 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-jax-tf --only-other-backend-tests \
-	  -m "not stress and not faults and not bench and not extended" --zoo-sample=sample tests
+	  -m "not stress and not faults and not bench and not extended and not ray" --zoo-sample=sample tests
 
 # Just the needs_orbax tests on TensorFlow (Keras' OrbaxCheckpoint:
 # orbax-checkpoint brings jax, which the TensorFlow-only venv leaves out),
@@ -240,7 +240,7 @@ test-jax-with-tensorflow: install
 test-tensorflow-with-orbax: install
 	$(call DURATIONS_FILE,tensorflow-with-orbax) $(TEST_STARTUP) KERAS_BACKEND=tensorflow \
 	  $(PYTEST) --durations=5 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-orbax --only-other-backend-tests \
-	  -m "not stress and not faults and not bench and not extended" tests
+	  -m "not stress and not faults and not bench and not extended and not ray" tests
 
 # The TensorFlow suite is the longest, so `make test` runs it as four pytest
 # processes: the tests that start no process and those that do, each in two
@@ -251,7 +251,7 @@ TF_IN_PROCESS_LATE := tests/test_hooks.py tests/test_cross_device_ops.py tests/t
 TF_PROCESSES_LATE := tests/test_docs.py
 TF_TESTS = $(call DURATIONS_FILE,tensorflow-$(1)) $(TEST_STARTUP) KERAS_BACKEND=tensorflow KERAS_DIST_SINGLE_BACKEND=tensorflow \
 	  $(VENV_TF)/bin/python -m pytest -q -rs --durations=15 --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-tensorflow-$(1) \
-	  -m "not stress and not faults and not bench and not extended and $(2)" --zoo-sample=sample $(3)
+	  -m "not stress and not faults and not bench and not extended and not ray and $(2)" --zoo-sample=sample $(3)
 
 test-tensorflow: test-tensorflow-in-process test-tensorflow-in-process-late test-tensorflow-processes \
 	test-tensorflow-processes-late
@@ -452,6 +452,20 @@ test-extended: install install-torch
 	$(call DURATIONS_FILE,extended-torch) $(TEST_STARTUP) KERAS_BACKEND=torch $(VENV_TORCH)/bin/python -m pytest -q -rs \
 	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-extended-torch -m extended $(TORCH_TEST_FILES) || status=1; \
 	exit $$status
+
+# Ray's parameter-server suite beyond `make test`'s sample (marker `ray`,
+# which says why for each): JAX's clusters of their own (an actor killed, a
+# ps that stops answering, 2 workers x 2 ps with partitioned variables), a
+# program's end, and the parameter-server tutorial's Ray cluster. `make
+# test` keeps JAX's 1 worker x 1 ps cluster (step-for-step and fit against
+# one device, custom loops, bad inputs, errors) and the launcher's example.
+# Each Ray actor imports Keras and JAX, so on a 3x slower machine these took
+# 20 min of make test's critical part; CI runs them after the Keras range.
+test-ray: install-jax
+	@mkdir -p $(TEST_LOGS)/durations
+	$(call DURATIONS_FILE,ray-jax) $(call JAX_TEST_CACHE,ray) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \
+	  KERAS_DIST_SINGLE_BACKEND=jax $(VENV_JAX)/bin/python -m pytest -q -rs --durations=10 \
+	  --basetemp=$(CURDIR)/$(TEST_LOGS)/tmp-ray-jax -m ray tests
 
 # No hang the timeout misses: a worker stopped or killed at each phase of a
 # job (slow; CI runs it after `make test`). Each job mostly waits out a

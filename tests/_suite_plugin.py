@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-MARKERS = ("starts_processes", "slow", "needs_tensorflow", "needs_orbax", "stress", "faults", "zoo", "extended")
+MARKERS = ("starts_processes", "slow", "needs_tensorflow", "needs_orbax", "stress", "faults", "zoo", "extended", "ray")
 
 
 def pytest_addoption(parser):

@@ -222,7 +222,14 @@ def test_keras_io_jax_guide_ported_to_strategy_run(make_strategy):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+#: On JAX the tutorial's cluster is 5 Ray actors, each importing Keras and
+#: JAX: `make test-ray`'s (on CI's 3x slower machine it took 210 s); make
+#: test runs it on TensorFlow, and JAX's Ray engine through its sample.
+_RAY_ON_JAX = pytest.mark.ray("the tutorial's cluster as Ray actors (3 workers, 2 ps)") if os.environ.get("KERAS_BACKEND") == "jax" else pytest.mark.starts_processes
+
+
 @pytest.mark.starts_processes
+@_RAY_ON_JAX
 @pytest.mark.slow("one process holds the tutorial's cluster: 3 workers and 2 ps (TensorFlow servers, or Ray actors on JAX)")
 def test_tensorflow_parameter_server_tutorial(tmp_path):
     """The tutorial as written (renamed; its header lists each change),

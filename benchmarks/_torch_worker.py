@@ -1,7 +1,8 @@
 """One process of the torch benchmark (benchmarks/torch_ddp.py); the chief
 prints one JSON line.
 
-Usage: python benchmarks/_torch_worker.py MODE PER_WORKER_BATCH STEPS REPEATS
+Usage: python benchmarks/_torch_worker.py MODE PER_WORKER_BATCH STEPS REPEATS [HIDDEN]
+HIDDEN: the MLP's two hidden widths (784-HIDDEN-HIDDEN-10; default 512).
 MODE: "keras" (plain Keras on torch, no strategy; one process only),
 "keras_dist" (MultiWorkerMirroredStrategy over the job's processes), "ddp"
 (the same MLP hand-written in torch.nn under DistributedDataParallel, the
@@ -17,6 +18,7 @@ import sys
 import time
 
 mode, per_worker, steps, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+hidden = int(sys.argv[5]) if len(sys.argv) > 5 else 512
 os.environ["KERAS_BACKEND"] = "torch"
 
 import numpy as np  # noqa: E402
@@ -43,7 +45,8 @@ def epochs_ddp():
         atexit.register(dist.destroy_process_group)  # as keras_dist ends its group
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        torch.nn.Linear(784, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 10),
     )
     if workers > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -71,7 +74,7 @@ def epochs_keras(distributed):
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([
-            keras.Input((784,)), keras.layers.Dense(512, activation="relu"), keras.layers.Dense(512, activation="relu"),
+            keras.Input((784,)), keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(hidden, activation="relu"),
             keras.layers.Dense(10),
         ])
         model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -100,7 +103,7 @@ else:
 seconds = statistics.median(epochs)
 if rank == 0:
     print(json.dumps({
-        "mode": mode, "workers": workers, "per_worker_batch": per_worker, "steps": steps,
+        "mode": mode, "workers": workers, "per_worker_batch": per_worker, "steps": steps, "hidden": hidden,
         "step_ms": 1000 * seconds / steps, "samples_per_second": global_batch * steps / seconds,
         "torch": torch.__version__,
     }), flush=True)

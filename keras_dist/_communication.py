@@ -198,7 +198,11 @@ class CommunicationOptions:
 
     Args:
         bytes_per_pack: split gradients into packs of about this many bytes
-            for the all-reduce; 0 lets the engine decide.
+            for the all-reduce; 0 lets the engine decide. TensorFlow: tf's
+            packing; torch: the buckets `fit` sums as backward produces the
+            gradients (0: DDP's, 1 MiB first and 25 MiB after); JAX: XLA
+            packs the compiled step's all-reduces itself, and a nonzero
+            value warns that it has no effect.
         timeout_seconds: give up (with an error) when a peer does not
             answer within this many seconds; None waits for the engine's
             default. Also bounds the wait for every worker to join the job

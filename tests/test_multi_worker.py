@@ -187,6 +187,27 @@ def test_single_worker_cluster_is_mirrored_over_local_devices(monkeypatch):
     assert strategy.cluster_resolver.num_workers == 1
 
 
+def test_bytes_per_pack_is_followed_or_said_to_have_no_effect():
+    """A packing hint no argument is silently dropped for: TensorFlow packs
+    by it, torch sizes fit's gradient buckets by it
+    (tests/test_torch_backend.py), and JAX, where XLA packs the compiled
+    step's collectives, warns that it has no effect."""
+    import warnings
+
+    import keras_dist
+
+    options = keras_dist.CommunicationOptions(bytes_per_pack=1024)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        strategy = keras_dist.MultiWorkerMirroredStrategy(communication_options=options)
+    said = [str(w.message) for w in caught if "bytes_per_pack" in str(w.message)]
+    assert strategy.extended.communication_options.bytes_per_pack == 1024
+    if BACKEND == "jax":
+        assert len(said) == 1 and "no effect on the JAX backend" in said[0], said
+    else:
+        assert said == []
+
+
 def test_bad_communication_options():
     import keras_dist
 

@@ -129,7 +129,7 @@ def test_single_process_jobs_keep_the_spmd_step(mirrored):
 
 
 def test_gloo_event_loop_is_recognised_by_its_wait():
-    from keras_dist.backends.jax._gloo import is_gloo_event_loop
+    from keras_dist.backends._gloo import is_gloo_event_loop
 
     gloo = "232 0xe 0x7f61cdffab30 0x40 0xa 0x0 0x0 0x7f61cdffaa98 0x7f6218326f36"
     grpc = "232 0x5 0x7f61cdffab30 0x64 0xffffffff 0x0 0x0 0x7f61cdffaa98 0x7f6218326f36"
@@ -141,7 +141,7 @@ def test_gloo_event_loop_is_recognised_by_its_wait():
 
 
 def test_bad_gloo_event_loop_setting_is_refused(monkeypatch):
-    from keras_dist.backends.jax import _gloo
+    from keras_dist.backends import _gloo
 
     monkeypatch.setenv("KERAS_DIST_GLOO_EVENT_LOOP", "low")
     with pytest.raises(ValueError, match="'auto'.*'idle' or 'normal'"):

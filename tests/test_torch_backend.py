@@ -406,13 +406,67 @@ def test_the_same_batch_check_takes_nan_and_string_inputs():
     itself included) and counts the rows of inputs it cannot sum."""
     import torch
 
-    from keras_dist.backends.torch import _collectives, _step
+    from keras_dist.backends.torch import _batch_check, _collectives, _step
 
     assert _collectives.same_on_every_process(torch.tensor([1.0, float("nan"), float("inf")]))
     batch = (np.array([[1.0], [np.nan]], "float32"), np.array(["a", "b"]))
-    fingerprint = _step._fingerprint(batch)
-    assert torch.isfinite(fingerprint).all() and fingerprint.tolist()[-1] == 2.0
+    digest = _batch_check.digest(batch)
+    assert digest == _batch_check.digest((np.array([[1.0], [np.nan]], "float32"), np.array(["c", "d"])))  # rows of strings
+    assert digest != _batch_check.digest((np.array([[1.0], [2.0]], "float32"), np.array(["a", "b"])))
+    assert digest != _batch_check.digest((np.array([[1.0], [np.nan]], "float32"), np.array(["a", "b", "c"])))
+    assert digest != _batch_check.digest((np.array([[1.0], [np.nan]], "float64"), np.array(["a", "b"])))
     _step.check_same_global_batch(batch, "train")  # one process: its own batch
+
+
+def test_gradient_buckets_follow_ddp_s_sizes_or_bytes_per_pack():
+    """The reducer's buckets: reverse order, one dtype per bucket, DDP's 1
+    MiB first and 25 MiB after, or CommunicationOptions' bytes_per_pack."""
+    import torch
+
+    from keras_dist.backends.torch import _reducer
+
+    mib = 1024 * 1024
+    sizes = [mib // 4, 16, mib // 4, 16, 3 * mib // 4, 2 * mib, 5 * mib]  # float32: 1 MiB, 64 B, 1 MiB, 64 B, 3, 8, 20 MiB
+    parameters = [torch.zeros(n) for n in sizes]
+    assert _reducer.bucket_indices(parameters) == [[6], [5, 4, 3, 2, 1, 0]]
+    assert _reducer.bucket_indices(parameters, bytes_per_pack=mib) == [[6], [5], [4], [3, 2], [1, 0]]
+    mixed = [torch.zeros(4), torch.zeros(4, dtype=torch.float64), torch.zeros(4)]
+    assert _reducer.bucket_indices(mixed) == [[2], [1], [0]]
+
+
+def test_the_folded_batch_check_tells_equal_from_different_batches():
+    """The same-batch check a step sends with its gradients' sum: [h, h*h]
+    of each process's hash bytes, summed; equal batches exactly when N *
+    sum(h*h) == sum(h)**2 (the sums of 2 and of 256 processes made here by
+    hand, as the all-reduce would make them)."""
+    import torch
+
+    from keras_dist.backends.torch import _batch_check
+
+    batch = (np.arange(12, dtype="float32").reshape(6, 2), np.arange(6))
+    other = (np.arange(12, dtype="float32").reshape(6, 2), np.arange(6)[::-1].copy())
+    for n in (2, 256):
+        same = [_batch_check.BatchCheck(batch, "train", n) for _ in range(n)]
+        assert same[0].values("cpu").dtype == torch.float32
+        same[0].verify(sum(check.values("cpu") for check in same))
+        assert same[0].done
+        mixed = [_batch_check.BatchCheck(batch, "train", n) for _ in range(n - 1)] + [_batch_check.BatchCheck(other, "train", n)]
+        with pytest.raises(ValueError, match="global batches differ at this train step"):
+            mixed[0].verify(sum(check.values("cpu") for check in mixed))
+    # beyond 256 processes the squares' sums would pass float32's 2**24: float64
+    assert _batch_check.BatchCheck(batch, "train", 257).values("cpu").dtype == torch.float64
+    # folded: one call of the sum for the values and the check, the check popped off
+    calls = []
+
+    def all_reduce_sum(values):
+        calls.append(len(values))
+        return [v * 2 for v in values]
+
+    check = _batch_check.BatchCheck(batch, "evaluate", 2)
+    summed = check.fold([torch.ones(3)], all_reduce_sum, "cpu")
+    assert calls == [2] and len(summed) == 1 and summed[0].tolist() == [2.0] * 3 and check.done
+    check.verify_alone(all_reduce_sum, "cpu")  # made already: no second collective
+    assert calls == [2]
 
 
 GUIDE_WORKER = os.path.join(HERE, "workers", "torch_loop_guide.py")
@@ -488,14 +542,16 @@ def test_torchrun_s_failure_summary_shows_the_root_cause(tmp_path):
 
 #: The torch collectives each step makes on 2 processes (issue #50 counts
 #: them down to one per training step): a step that grows one fails here.
-#: fit: the same-batch fingerprint, the packed gradient sum, the metrics'
-#: variables; with BatchNormalization its global moments too (a mean and a
-#: variance forward, their gradients backward). evaluate: the fingerprint
-#: and the metrics. predict: the fingerprint, then every process's rows
-#: (their shapes, their values).
+#: fit: the gradient sum, one asynchronous bucket launched as backward
+#: produced the gradients (the same-batch check sent with it), and the
+#: metrics' variables; with BatchNormalization its global moments too (a
+#: mean and a variance forward, their gradients backward). evaluate: the
+#: metrics (the check with them). predict: the check, then every process's
+#: rows (their shapes, their values).
 COLLECTIVES_PER_STEP = {
-    "mlp": {"fit": {"all_reduce": 3.0}, "evaluate": {"all_reduce": 2.0}, "predict": {"all_gather": 2.0, "all_reduce": 1.0}},
-    "batchnorm": {"fit": {"all_reduce": 7.0}, "evaluate": {"all_reduce": 2.0},
+    "mlp": {"fit": {"all_reduce": 1.0, "all_reduce_async": 1.0}, "evaluate": {"all_reduce": 1.0},
+            "predict": {"all_gather": 2.0, "all_reduce": 1.0}},
+    "batchnorm": {"fit": {"all_reduce": 5.0, "all_reduce_async": 1.0}, "evaluate": {"all_reduce": 1.0},
                   "predict": {"all_gather": 2.0, "all_reduce": 1.0}},
 }
 
@@ -517,4 +573,15 @@ def test_the_collectives_each_step_makes_are_counted(tmp_path):
         for call, (distributed, plain) in report.pop("counts").items():
             for key in ("tp", "fn"):
                 assert np.allclose(distributed[key], plain[key]) and np.all(np.asarray(plain[key]) > 0), (call, key)
+        # the gradient sum's paths against one device: two buckets (4 steps, 2
+        # asynchronous sums each); a second backward or changed gradients
+        # before the apply (the buckets' sums set aside, the gradients summed
+        # in one packed all-reduce)
+        # each worker pinned to one core: gloo's event loop yields it (SCHED_IDLE)
+        idle = report.pop("gloo_event_loops_idle")
+        assert idle and all(idle), idle
+        reducer = report.pop("reducer")
+        assert all(case["weights"] < 1e-5 for case in reducer.values()), reducer
+        assert reducer["two_buckets"]["async_sums_per_step"] == 2.0, reducer
+        assert reducer["backward_twice"]["async_sums_per_step"] == 1.0, reducer
         assert report == COLLECTIVES_PER_STEP

@@ -128,7 +128,7 @@ result = {
     "predict_diff": float(np.max(np.abs(predicted - predicted_ref))),
 }
 if keras.backend.backend() == "jax":  # which program an even batch trains through
-    from keras_dist.backends.jax import _gloo
+    from keras_dist.backends import _gloo
     from keras_dist.backends.jax._step import JaxStep
 
     step = JaxStep(model, strategy.extended.engine, "train")  # as fit builds it

@@ -7,8 +7,9 @@ then 8 batches of a global batch of 16 (an MLP with metrics, and the same
 with BatchNormalization): a kind's count per step is the difference over
 the 4 extra batches, so what a call makes once (its set-up, its epoch's
 logs) is left out. Then count metrics (`TruePositives`), whose logs a
-second sum over the processes would double, against one device's. Writes
-OUT_DIR/worker<i>.json.
+second sum over the processes would double, against one device's; the
+gradient sum's paths; whether gloo's event loop yields the worker's one
+core. Writes OUT_DIR/worker<i>.json.
 """
 
 import collections
@@ -32,7 +33,7 @@ calls = collections.Counter()
 
 def counting(name, function):
     def counted(*args, **kwargs):
-        calls[name] += 1
+        calls[name + ("_async" if kwargs.get("async_op") else "")] += 1
         return function(*args, **kwargs)
 
     return counted
@@ -42,6 +43,10 @@ for name in COLLECTIVES:
     if hasattr(dist, name):
         setattr(dist, name, counting(name, getattr(dist, name)))
 
+# Each worker on one core, as benchmarks/torch_ddp.py pins them: gloo's
+# event loop then yields its core (keras_dist/backends/_gloo.py).
+cores = sorted(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cores[json.loads(os.environ["TF_CONFIG"])["task"]["index"] % len(cores)]})
 strategy = keras_dist.MultiWorkerMirroredStrategy(
     communication_options=keras_dist.CommunicationOptions(timeout_seconds=60)
 )
@@ -110,6 +115,74 @@ fit_reference = read(plain_counts)
 evaluate_logs = distributed.evaluate(x, labels, batch_size=16, verbose=0, return_dict=True)
 plain.evaluate(x, labels, batch_size=16, verbose=0)
 report["counts"] = {"fit": [fit_logs, fit_reference], "evaluate": [evaluate_logs, read(plain_counts)]}
+# The gradient sum's paths (keras_dist/backends/torch/_reducer.py), each
+# against one device from the same weights: two buckets (two 1.4 MB
+# kernels: DDP's 1 MiB first bucket closes after the second; the per-step
+# count of asynchronous sums too); a train_step that calls backward twice before the apply (the
+# buckets' sums are stale: the gradients are summed again); one that
+# changes the gradients before the apply (not the parameters' .grad).
+import torch  # noqa: E402
+
+
+class BackwardTwice(keras.Sequential):
+    def train_step(self, data):
+        x, y = data
+        y_pred = self(x, training=True)
+        self.zero_grad()
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        with torch.no_grad():
+            self.optimizer.apply([v.value.grad for v in self.trainable_weights], self.trainable_weights)
+        return {"loss": loss}
+
+
+class HalvedGradients(keras.Sequential):
+    def train_step(self, data):
+        x, y = data
+        y_pred = self(x, training=True)
+        self.zero_grad()
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+        loss.backward()
+        with torch.no_grad():
+            self.optimizer.apply([v.value.grad * 0.5 for v in self.trainable_weights], self.trainable_weights)
+        return {"loss": loss}
+
+
+wide_x = rng.randn(64, 600).astype("float32")
+wide_y = (wide_x[:, :1] * 0.5).astype("float32")
+
+
+def reducer_case(kind):
+    keras.utils.set_random_seed(3)
+    if kind == "two_buckets":
+        layers = [keras.Input((600,)), keras.layers.Dense(600, activation="tanh"),
+                  keras.layers.Dense(600, activation="tanh"), keras.layers.Dense(1)]
+        model = keras.Sequential(layers)
+    else:
+        layers = [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+        model = {"backward_twice": BackwardTwice, "halved_gradients": HalvedGradients}[kind](layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+report["reducer"] = {}
+for kind in ("two_buckets", "backward_twice", "halved_gradients"):
+    data = (wide_x, wide_y) if kind == "two_buckets" else (x[:64], y[:64])
+    with strategy.scope():
+        distributed = reducer_case(kind)
+    plain = reducer_case(kind)
+    plain.set_weights(distributed.get_weights())
+    calls.clear()
+    distributed.fit(*data, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    plain.fit(*data, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    report["reducer"][kind] = {
+        "weights": max(float(np.max(np.abs(a - b))) for a, b in zip(distributed.get_weights(), plain.get_weights())),
+        "async_sums_per_step": calls["all_reduce_async"] / 4,
+    }
+from keras_dist.backends import _gloo  # noqa: E402
+
+report["gloo_event_loops_idle"] = [os.sched_getscheduler(t) == os.SCHED_IDLE for t in _gloo.gloo_event_loop_threads()]
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, f"worker{index}.json.tmp"), "w") as handle:
     json.dump(report, handle)

@@ -27,6 +27,15 @@ def initialize_multi_worker(resolver, options) -> None:
     The coordinator is `KERAS_DIST_COORDINATOR` (set by `keras-dist
     launch`) or the chief's address; CPU collectives go through gloo.
     """
+    if options.bytes_per_pack:
+        import warnings
+
+        warnings.warn(
+            f"CommunicationOptions(bytes_per_pack={options.bytes_per_pack}) has no effect on the JAX backend: XLA "
+            "packs the all-reduces of keras_dist's compiled step itself (TensorFlow and torch split the gradients' "
+            "sum into packs of about that size). The results are the same either way.",
+            stacklevel=3,
+        )
     if resolver.num_workers <= 1 or _multi_worker["initialized"]:
         return
     check_worker_addresses_known(resolver, "jax")
@@ -37,7 +46,7 @@ def initialize_multi_worker(resolver, options) -> None:
             "CommunicationImplementation.NCCL needs GPUs; this worker has none. "
             "Use AUTO or RING (gloo) on CPU."
         )
-    from keras_dist.backends.jax import _gloo
+    from keras_dist.backends import _gloo
 
     _gloo.event_loop_choice()  # a bad setting fails before joining the job
     coordinator = os.environ.get("KERAS_DIST_COORDINATOR") or resolver.chief_address

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from keras_dist._communication import join_timeout_seconds
+from keras_dist.backends import _gloo
 from keras_dist.cluster_resolver._validate import check_bindable
 
 #: Whether this process joined a job, its rank's device, the job's devices.
@@ -42,6 +43,8 @@ def initialize_multi_worker(resolver, options) -> None:
             "CommunicationImplementation.NCCL needs GPUs; this worker has none. Use AUTO or RING (gloo) on CPU."
         )
     backend = "nccl" if gpu and implementation in ("AUTO", "NCCL") else "gloo"
+    if backend == "gloo":
+        _gloo.event_loop_choice()  # a bad setting fails before joining the job
     address = os.environ.get("KERAS_DIST_COORDINATOR") or resolver.chief_address
     host, _, port = address.rpartition(":")
     join_timeout = join_timeout_seconds(options)
@@ -92,6 +95,8 @@ def initialize_multi_worker(resolver, options) -> None:
     # which is each one's own where every worker seeded the same.
     random_state_from_chief()
     _fail_fast(store, host or "127.0.0.1", int(port), rank, world)
+    if backend == "gloo":
+        _gloo.yield_event_loop()  # the process group's connections started gloo's loop
 
 
 def process_device() -> str:

@@ -19,7 +19,7 @@ from keras_dist._reduce import ReduceOp, check_summable
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_bounds
 from keras_dist._values import PerReplica, differs_across_replicas_message
-from keras_dist.backends.torch import _collectives
+from keras_dist.backends.torch import _batch_check, _collectives, _reducer
 
 
 class TorchPerReplica(PerReplica):
@@ -234,9 +234,18 @@ def sum_gradients_for_apply(grads):
         return None
     if _context.replica_context() is None and not _shard.in_replica_step():
         return None
+    reducer = _reducer.active()  # fit's step: the sums made as backward produced the gradients
+    summed = None if reducer is None else reducer.take(grads)
+    if summed is not None:
+        return summed
     grads = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
-    summed = _collectives.all_reduce_sum([grads[i] for i in present])
+    check = _batch_check.pending()  # fit's same-batch check: sent along, verified before the apply
+    if check is None:
+        summed = _collectives.all_reduce_sum([grads[i] for i in present])
+    else:
+        device = grads[present[0]].device if present else torch.device("cpu")
+        summed = check.fold([grads[i] for i in present], _collectives.all_reduce_sum, device)
     for i, g in zip(present, summed):
         grads[i] = g
     return grads

@@ -2,11 +2,14 @@
 several processes (one replica each).
 
 Every process receives the whole global batch and runs Keras' own step on
-its contiguous rows (`keras_dist._split`): the loss hooks scale its loss by
+its contiguous rows (`keras_dist._split`), checking that every process
+holds the same global batch inside the step's gradient sum, or its metric
+sum where it has none (`_batch_check`): the loss hooks scale its loss by
 its share of the global batch, BatchNormalization takes the global batch's
-moments, and the optimizer's gradients are summed over the processes (one
-packed all-reduce, `sum_gradients_for_apply`) before Keras clips and applies
-them, so every process applies the update one device would. Metric
+moments, and the optimizer's gradients are summed over the processes
+(bucketed all-reduces launched as backward produces them, `_reducer`, and
+taken by `sum_gradients_for_apply`) before Keras clips and applies them,
+so every process applies the update one device would. Metric
 variables are then combined over the processes by their aggregation, so
 each holds the global batch's, and the logs are computed from them.
 `predict` gathers every process's rows, in order.
@@ -21,13 +24,12 @@ import contextlib
 import types
 
 import keras
-import numpy as np
 import torch
 
 from keras_dist import _heartbeat as heartbeat
 from keras_dist import _metric_state, _moments, _shard
 from keras_dist._engine_kind import EngineKind
-from keras_dist.backends.torch import _cluster, _collectives, _replica
+from keras_dist.backends.torch import _batch_check, _cluster, _collectives, _reducer, _replica
 
 
 def _local_rows(engine, data):
@@ -35,42 +37,21 @@ def _local_rows(engine, data):
     return _shard.Shard(stop - start, rows, start, replicas=engine.num_replicas), data if local is None else local
 
 
-#: Elements of each input a step's fingerprint reads (a stride through it).
-_FINGERPRINT_SAMPLES = 4096
-
-
-def _fingerprint(batch) -> torch.Tensor:
-    """A few numbers that differ between two different global batches (row
-    count, a sum and an order-weighted sum of a stride of each input)."""
-    parts = []
-    for leaf in keras.tree.flatten(batch):
-        if leaf is None:
-            continue
-        rows = torch.tensor([float(leaf.shape[0] if len(leaf.shape) else 0)], dtype=torch.float64)
-        if not isinstance(leaf, torch.Tensor):
-            leaf = np.asarray(leaf)
-            if not (np.issubdtype(leaf.dtype, np.number) or leaf.dtype == np.bool_):
-                parts.append(rows)  # strings or objects: their row count alone
-                continue
-        flat = torch.as_tensor(leaf).detach().reshape(-1)
-        flat = flat[:: max(1, flat.numel() // _FINGERPRINT_SAMPLES)].to(torch.float64).cpu()
-        flat = torch.nan_to_num(flat, nan=0.5, posinf=2.0, neginf=-2.0)  # NaN in the data is data: the same everywhere
-        weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
-        parts.append(torch.cat([rows, flat.sum().reshape(1), (flat * weights).sum().reshape(1)]))
-    return torch.cat(parts) if parts else torch.zeros(1, dtype=torch.float64)
-
-
 def check_same_global_batch(batch, kind: str) -> None:
     """Every process must hold the same global batch (each takes its rows of
     it): a clear error where they differ, as when each worker shuffles its
-    input its own way, never a mixed batch trained in silence."""
-    if not _collectives.same_on_every_process(_fingerprint(batch)):
-        raise ValueError(
-            f"The workers' global batches differ at this {kind} step: each worker must pass the same data in the "
-            "same order (every worker takes its own rows of each global batch). Shuffled or random input must be "
-            "drawn alike on every worker: seed each the same (keras.utils.set_random_seed(seed)) before creating "
-            "the strategy, or after it on every worker alike, or pass shuffle=False."
-        )
+    input its own way, never a mixed batch trained in silence. One
+    collective of its own; `fit` and `evaluate` steps send the check with
+    the gradients' or the metrics' sum instead (`_batch_check`)."""
+    _batch_check.BatchCheck(batch, kind, _collectives.world_size()).verify_alone(
+        _collectives.all_reduce_sum, torch.device("cpu")
+    )
+
+
+def _device_of(variables):
+    for variable in variables:
+        return variable.value.device
+    return torch.device("cpu")
 
 
 def _mean_over_replicas(value):
@@ -109,34 +90,41 @@ class TorchStep:
     """Keras' ``{train,test}_function(data)`` for one replica of several:
     `data` is Keras' list of one global batch."""
 
-    def __init__(self, model, engine, kind: str):
+    def __init__(self, model, engine, kind: str, bytes_per_pack: int = 0):
         self.model, self.engine, self.kind = model, engine, kind
+        self.bytes_per_pack = bytes_per_pack
 
     def __call__(self, data):
         heartbeat.beat()
         (batch,) = data
         model = self.model
-        check_same_global_batch(batch, self.kind)
+        # the same-batch check travels with the gradients' sum (before the
+        # optimizer applies it) or, in a step without one, the metrics' sum
+        check = _batch_check.BatchCheck(batch, self.kind, _collectives.world_size())
         if self.kind == "train" and _draws_random_numbers(model):
             _cluster.random_state_from_chief()
         shard, local = _local_rows(self.engine, batch)
         variables = list(model.metrics_variables)
         starts = [torch.clone(v.value.detach()) for v in variables]
-        with _shard.shard_scope(shard), _unscaled_loss_tracker(model):
+        reducer = _reducer.reducer_for(model, self.bytes_per_pack) if self.kind == "train" else None
+        with _batch_check.pending_check(check), _shard.shard_scope(shard), _unscaled_loss_tracker(model):
             if self.kind == "train":
-                logs = model.train_step(local)
+                with reducer.step(check) if reducer is not None else contextlib.nullcontext():
+                    logs = model.train_step(local)
             else:
                 with torch.no_grad():
                     logs = model.test_step(local)
+        device = _device_of(variables)
         with torch.no_grad():
             combined = _metric_state.combine_by_aggregation(
                 variables,
                 [v.value for v in variables],
-                _collectives.all_reduce_sum,
+                lambda parts: check.fold(parts, _collectives.all_reduce_sum, device),
                 torch.tensor(self.engine.replica_id == 0),
                 self.engine.num_replicas,
                 starts=starts,
             )
+            check.verify_alone(_collectives.all_reduce_sum, device)
             for variable, value in zip(variables, combined):
                 variable.assign(value)
             return _metric_state.global_logs(
@@ -184,7 +172,8 @@ def make_trainer_function(model, strategy, kind: str):
     if kind == "predict":
         return TorchPredict(model, engine)
     _read_metrics_once(model)
-    return TorchStep(model, engine, kind)
+    options = strategy.extended.communication_options
+    return TorchStep(model, engine, kind, options.bytes_per_pack if options is not None else 0)
 
 
 def _read_metrics_once(model) -> None:

@@ -1,6 +1,7 @@
 """gloo's TCP event loop, moved out of the way of the worker's computation.
 
-JAX's CPU collectives across processes run on gloo. gloo's TCP transport
+JAX's CPU collectives across processes run on gloo, and so do torch's
+(`torch.distributed`'s gloo backend, a copy of the same library). gloo's TCP transport
 has one event-loop thread per process, and that loop busy-polls while a
 peer's data waits for this process to post its receive (upstream:
 pytorch/gloo issue 246). On a worker with few cores the spinning thread

@@ -460,7 +460,7 @@ test-extended: install install-torch
 # test` keeps JAX's 1 worker x 1 ps cluster (step-for-step and fit against
 # one device, custom loops, bad inputs, errors) and the launcher's example.
 # Each Ray actor imports Keras and JAX, so on a 3x slower machine these took
-# 20 min of make test's critical part; CI runs them after the Keras range.
+# 20 min of make test's critical part; CI runs them beside the Keras range.
 test-ray: install-jax
 	@mkdir -p $(TEST_LOGS)/durations
 	$(call DURATIONS_FILE,ray-jax) $(call JAX_TEST_CACHE,ray) $(JAX_TEST_COMPILE) $(TEST_STARTUP) KERAS_BACKEND=jax \

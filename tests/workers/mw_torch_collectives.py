@@ -124,28 +124,22 @@ report["counts"] = {"fit": [fit_logs, fit_reference], "evaluate": [evaluate_logs
 import torch  # noqa: E402
 
 
-class BackwardTwice(keras.Sequential):
+class CustomStep(keras.Sequential):
+    """A `train_step` of its own: `backwards` backward passes, then the
+    gradients times `scale` to the optimizer."""
+
+    backwards, scale = 1, 1.0
+
     def train_step(self, data):
         x, y = data
         y_pred = self(x, training=True)
         self.zero_grad()
         loss = self.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
-        loss.backward(retain_graph=True)
-        loss.backward()
+        for left in reversed(range(self.backwards)):
+            loss.backward(retain_graph=left > 0)
+        grads = [v.value.grad if self.scale == 1.0 else v.value.grad * self.scale for v in self.trainable_weights]
         with torch.no_grad():
-            self.optimizer.apply([v.value.grad for v in self.trainable_weights], self.trainable_weights)
-        return {"loss": loss}
-
-
-class HalvedGradients(keras.Sequential):
-    def train_step(self, data):
-        x, y = data
-        y_pred = self(x, training=True)
-        self.zero_grad()
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
-        loss.backward()
-        with torch.no_grad():
-            self.optimizer.apply([v.value.grad * 0.5 for v in self.trainable_weights], self.trainable_weights)
+            self.optimizer.apply(grads, self.trainable_weights)
         return {"loss": loss}
 
 
@@ -161,7 +155,8 @@ def reducer_case(kind):
         model = keras.Sequential(layers)
     else:
         layers = [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
-        model = {"backward_twice": BackwardTwice, "halved_gradients": HalvedGradients}[kind](layers)
+        model = CustomStep(layers)
+        model.backwards, model.scale = (2, 1.0) if kind == "backward_twice" else (1, 0.5)
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     return model
 

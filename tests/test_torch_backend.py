@@ -547,7 +547,9 @@ def test_torchrun_s_failure_summary_shows_the_root_cause(tmp_path):
 #: metrics' variables; with BatchNormalization its global moments too (a
 #: mean and a variance forward, their gradients backward). evaluate: the
 #: metrics (the check with them). predict: the check, then every process's
-#: rows (their shapes, their values).
+#: rows (their shapes, their values). Left out: the SIGTERM agreement's
+#: small all-gather, about once a second of steps (so per step it depends on
+#: the machine's speed; it made this test flaky under load).
 COLLECTIVES_PER_STEP = {
     "mlp": {"fit": {"all_reduce": 1.0, "all_reduce_async": 1.0}, "evaluate": {"all_reduce": 1.0},
             "predict": {"all_gather": 2.0, "all_reduce": 1.0}},
@@ -574,7 +576,8 @@ def test_the_collectives_each_step_makes_are_counted(tmp_path):
             for key in ("tp", "fn"):
                 assert np.allclose(distributed[key], plain[key]) and np.all(np.asarray(plain[key]) > 0), (call, key)
         # the gradient sum's paths against one device: two buckets (4 steps, 2
-        # asynchronous sums each); a second backward or changed gradients
+        # asynchronous sums each; with Keras' gradient accumulation; under a
+        # LossScaleOptimizer with clipnorm); a second backward or changed gradients
         # before the apply (the buckets' sums set aside, the gradients summed
         # in one packed all-reduce)
         # each worker pinned to one core: gloo's event loop yields it (SCHED_IDLE)
@@ -583,5 +586,6 @@ def test_the_collectives_each_step_makes_are_counted(tmp_path):
         reducer = report.pop("reducer")
         assert all(case["weights"] < 1e-5 for case in reducer.values()), reducer
         assert reducer["two_buckets"]["async_sums_per_step"] == 2.0, reducer
+        assert reducer["accumulated"]["async_sums_per_step"] == reducer["loss_scaled"]["async_sums_per_step"] == 2.0
         assert reducer["backward_twice"]["async_sums_per_step"] == 1.0, reducer
-        assert report == COLLECTIVES_PER_STEP
+        assert report == COLLECTIVES_PER_STEP, report

@@ -31,9 +31,16 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 calls = collections.Counter()
 
 
+#: Inside the SIGTERM agreement's exchange (keras_dist/_hooks/_sigterm.py):
+#: about once a second of steps, so how many a call makes depends on the
+#: machine's speed; counted apart.
+agreeing = {"now": False}
+
+
 def counting(name, function):
     def counted(*args, **kwargs):
-        calls[name + ("_async" if kwargs.get("async_op") else "")] += 1
+        kind = "sigterm_agreement" if agreeing["now"] else name + ("_async" if kwargs.get("async_op") else "")
+        calls[kind] += 1
         return function(*args, **kwargs)
 
     return counted
@@ -47,6 +54,20 @@ for name in COLLECTIVES:
 # event loop then yields its core (keras_dist/backends/_gloo.py).
 cores = sorted(os.sched_getaffinity(0))
 os.sched_setaffinity(0, {cores[json.loads(os.environ["TF_CONFIG"])["task"]["index"] % len(cores)]})
+from keras_dist._hooks import _sigterm  # noqa: E402
+
+_exchange = _sigterm._AgreeOnTermination._exchange
+
+
+def exchange(self, step_micros):
+    agreeing["now"] = True
+    try:
+        return _exchange(self, step_micros)
+    finally:
+        agreeing["now"] = False
+
+
+_sigterm._AgreeOnTermination._exchange = exchange
 strategy = keras_dist.MultiWorkerMirroredStrategy(
     communication_options=keras_dist.CommunicationOptions(timeout_seconds=60)
 )
@@ -74,7 +95,11 @@ def per_step(call):
     calls.clear()
     call(8)
     eight = collections.Counter(calls)
-    return {name: (eight[name] - four[name]) / 4 for name in sorted(set(four) | set(eight)) if eight[name] != four[name]}
+    return {
+        name: (eight[name] - four[name]) / 4
+        for name in sorted(set(four) | set(eight))
+        if eight[name] != four[name] and name != "sigterm_agreement"
+    }
 
 
 report = {}
@@ -120,7 +145,9 @@ report["counts"] = {"fit": [fit_logs, fit_reference], "evaluate": [evaluate_logs
 # kernels: DDP's 1 MiB first bucket closes after the second; the per-step
 # count of asynchronous sums too); a train_step that calls backward twice before the apply (the
 # buckets' sums are stale: the gradients are summed again); one that
-# changes the gradients before the apply (not the parameters' .grad).
+# changes the gradients before the apply (not the parameters' .grad);
+# Keras' gradient accumulation, and a LossScaleOptimizer with clipnorm
+# (the scaled gradients summed, then unscaled and clipped), two buckets each.
 import torch  # noqa: E402
 
 
@@ -149,7 +176,7 @@ wide_y = (wide_x[:, :1] * 0.5).astype("float32")
 
 def reducer_case(kind):
     keras.utils.set_random_seed(3)
-    if kind == "two_buckets":
+    if kind in ("two_buckets", "accumulated", "loss_scaled"):
         layers = [keras.Input((600,)), keras.layers.Dense(600, activation="tanh"),
                   keras.layers.Dense(600, activation="tanh"), keras.layers.Dense(1)]
         model = keras.Sequential(layers)
@@ -157,13 +184,17 @@ def reducer_case(kind):
         layers = [keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
         model = CustomStep(layers)
         model.backwards, model.scale = (2, 1.0) if kind == "backward_twice" else (1, 0.5)
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    optimizer = {
+        "accumulated": lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=2),
+        "loss_scaled": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05, clipnorm=0.5)),
+    }.get(kind, lambda: keras.optimizers.SGD(0.05))()
+    model.compile(optimizer=optimizer, loss="mse")
     return model
 
 
 report["reducer"] = {}
-for kind in ("two_buckets", "backward_twice", "halved_gradients"):
-    data = (wide_x, wide_y) if kind == "two_buckets" else (x[:64], y[:64])
+for kind in ("two_buckets", "backward_twice", "halved_gradients", "accumulated", "loss_scaled"):
+    data = (wide_x, wide_y) if kind in ("two_buckets", "accumulated", "loss_scaled") else (x[:64], y[:64])
     with strategy.scope():
         distributed = reducer_case(kind)
     plain = reducer_case(kind)

@@ -20,7 +20,6 @@ different batches pass only if all K hashes collide (2**-64).
 from __future__ import annotations
 
 import hashlib
-import threading
 
 import keras
 import numpy as np
@@ -108,29 +107,3 @@ class BatchCheck:
         if not (self.done or self.travelling):
             (summed,) = all_reduce_sum([self.values(device)])
             self.verify(summed)
-
-
-#: The check of the `fit`/`evaluate` step this thread runs (None outside).
-_pending = threading.local()
-
-
-def pending() -> BatchCheck | None:
-    """The running step's check while it has not been made (None otherwise)."""
-    check = getattr(_pending, "check", None)
-    return None if check is None or check.done or check.travelling else check
-
-
-class pending_check:
-    """`with pending_check(check):` the step's collectives may carry `check`."""
-
-    def __init__(self, check: BatchCheck):
-        self.check = check
-
-    def __enter__(self):
-        self.outer = getattr(_pending, "check", None)
-        _pending.check = self.check
-        return self.check
-
-    def __exit__(self, *exc):
-        _pending.check = self.outer
-        return False

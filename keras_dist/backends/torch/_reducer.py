@@ -16,7 +16,7 @@ that changes them, or calls backward twice), the buckets are drained and
 the gradients summed as before, in one packed all-reduce.
 
     reducer = reducer_for(model, bytes_per_pack=0)
-    with reducer.step(check):
+    with training_step(reducer, check):
         model.train_step(data)        # apply -> take(grads) -> the sums
 """
 
@@ -149,9 +149,6 @@ class Reducer:
             handle.remove()
         self._handles = []
 
-    def step(self, check):
-        return _Step(self, check)
-
     def take(self, grads):
         """The sums of `grads` (the optimizer's list) where they are the
         parameters' gradients of this backward pass; None otherwise (the
@@ -175,30 +172,38 @@ class Reducer:
         return out
 
 
-class _Step:
-    def __init__(self, reducer: Reducer, check):
+class training_step:
+    """`with training_step(reducer, check):` one training step of this
+    thread, its gradients summed by `reducer` (None: a model without
+    trainable parameters) and `check` sent along (`current()` reads both)."""
+
+    def __init__(self, reducer: Reducer | None, check):
         self.reducer, self.check = reducer, check
 
     def __enter__(self):
-        self.reducer.reduction = _Reduction(self.reducer, self.check)
-        _active.reducer = self.reducer
-        return self.reducer
+        if self.reducer is not None:
+            self.reducer.reduction = _Reduction(self.reducer, self.check)
+        self.outer = getattr(_current, "step", None)
+        _current.step = self
+        return self
 
     def __exit__(self, kind, error, traceback):
+        _current.step = self.outer
+        if self.reducer is None:
+            return False
         reduction = self.reducer.reduction
         self.reducer.reduction = None
-        _active.reducer = None
         if kind is None and reduction.next:  # a backward without an apply: its sums, still made on every process
             reduction.finish()
         return False
 
 
-#: The reducer of the training step this thread runs (None outside).
-_active = threading.local()
+#: The training step this thread runs (None outside).
+_current = threading.local()
 
 
-def active() -> Reducer | None:
-    return getattr(_active, "reducer", None)
+def current() -> training_step | None:
+    return getattr(_current, "step", None)
 
 
 #: Each model's reducer (weakly: it goes with the model).

@@ -19,7 +19,7 @@ from keras_dist._reduce import ReduceOp, check_summable
 from keras_dist._replica_ops import ReplicaOps
 from keras_dist._split import shard_bounds
 from keras_dist._values import PerReplica, differs_across_replicas_message
-from keras_dist.backends.torch import _batch_check, _collectives, _reducer
+from keras_dist.backends.torch import _collectives, _reducer
 
 
 class TorchPerReplica(PerReplica):
@@ -234,13 +234,13 @@ def sum_gradients_for_apply(grads):
         return None
     if _context.replica_context() is None and not _shard.in_replica_step():
         return None
-    reducer = _reducer.active()  # fit's step: the sums made as backward produced the gradients
-    summed = None if reducer is None else reducer.take(grads)
+    step = _reducer.current()  # fit's step: the sums made as backward produced the gradients
+    summed = None if step is None or step.reducer is None else step.reducer.take(grads)
     if summed is not None:
         return summed
     grads = list(grads)
     present = [i for i, g in enumerate(grads) if g is not None]
-    check = _batch_check.pending()  # fit's same-batch check: sent along, verified before the apply
+    check = None if step is None else step.check  # fit's same-batch check: sent along, verified before the apply
     if check is None:
         summed = _collectives.all_reduce_sum([grads[i] for i in present])
     else:

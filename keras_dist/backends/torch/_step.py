@@ -48,12 +48,6 @@ def check_same_global_batch(batch, kind: str) -> None:
     )
 
 
-def _device_of(variables):
-    for variable in variables:
-        return variable.value.device
-    return torch.device("cpu")
-
-
 def _mean_over_replicas(value):
     (mean,) = _collectives.all_reduce([torch.as_tensor(value)], "MEAN")
     return mean
@@ -107,14 +101,14 @@ class TorchStep:
         variables = list(model.metrics_variables)
         starts = [torch.clone(v.value.detach()) for v in variables]
         reducer = _reducer.reducer_for(model, self.bytes_per_pack) if self.kind == "train" else None
-        with _batch_check.pending_check(check), _shard.shard_scope(shard), _unscaled_loss_tracker(model):
+        with _shard.shard_scope(shard), _unscaled_loss_tracker(model):
             if self.kind == "train":
-                with reducer.step(check) if reducer is not None else contextlib.nullcontext():
+                with _reducer.training_step(reducer, check):
                     logs = model.train_step(local)
             else:
                 with torch.no_grad():
                     logs = model.test_step(local)
-        device = _device_of(variables)
+        device = self.engine.torch_device  # where the scope put the metric variables
         with torch.no_grad():
             combined = _metric_state.combine_by_aggregation(
                 variables,

@@ -575,14 +575,14 @@ def test_the_collectives_each_step_makes_are_counted(tmp_path):
         for call, (distributed, plain) in report.pop("counts").items():
             for key in ("tp", "fn"):
                 assert np.allclose(distributed[key], plain[key]) and np.all(np.asarray(plain[key]) > 0), (call, key)
+        # each worker pinned to one core: gloo's event loop yields it (SCHED_IDLE)
+        idle = report.pop("gloo_event_loops_idle")
+        assert idle and all(idle), idle
         # the gradient sum's paths against one device: two buckets (4 steps, 2
         # asynchronous sums each; with Keras' gradient accumulation; under a
         # LossScaleOptimizer with clipnorm); a second backward or changed gradients
         # before the apply (the buckets' sums set aside, the gradients summed
         # in one packed all-reduce)
-        # each worker pinned to one core: gloo's event loop yields it (SCHED_IDLE)
-        idle = report.pop("gloo_event_loops_idle")
-        assert idle and all(idle), idle
         reducer = report.pop("reducer")
         assert all(case["weights"] < 1e-5 for case in reducer.values()), reducer
         assert reducer["two_buckets"]["async_sums_per_step"] == 2.0, reducer
